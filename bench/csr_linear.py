@@ -1,0 +1,186 @@
+"""Forward+backward time of one sparse linear layer: CSR fabric kernels vs masked dense.
+
+Compared side by side in one run, per weight shape, token count, sparsity and thread count:
+  masked dense   F.linear(x, W * mask) with autograd (what training without the fabric does)
+  csr (fabric)   simulator.csr_linear, native C kernels (the layer compile() installs)
+  torch sparse   the same autograd function on torch.sparse.mm + torch.sparse.sampled_addmm
+  scipy          scipy.sparse CSR products (+ a chunked sampled dW), when scipy is installed
+Targets (issue 3): csr >= 2x masked dense at 90% sparsity, >= 5x at 97%, time roughly
+proportional to nnz above the crossover. Writes bench/results/csr_linear.json.
+
+    python bench/csr_linear.py [--quick] [--threads 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+
+from simulator.crossover import calibrate  # noqa: E402
+from simulator.csr import CSRStructure, csr_linear  # noqa: E402
+from simulator.native import load_kernels  # noqa: E402
+
+try:
+    import numpy as np
+    import scipy.sparse as scipy_sparse
+except ImportError:  # scipy is optional: its column is left out
+    scipy_sparse = None
+
+SHAPES = [(1024, 1024), (4096, 1024)]
+TOKENS = [512, 2048]
+SPARSITIES = [0.5, 0.8, 0.9, 0.95, 0.97, 0.99]
+TARGETS = {0.9: 2.0, 0.97: 5.0}
+# torch sparse and scipy take seconds per call at low sparsity; they are timed from here up
+# so that the default run stays within about three minutes.
+SLOW_BASELINES_FROM = 0.9
+RESULTS = Path(__file__).resolve().parent / "results" / "csr_linear.json"
+
+
+def dense_step(x, weight, mask, upstream):
+    x.grad = weight.grad = None
+    F.linear(x, weight * mask).backward(upstream)
+
+
+def csr_step(x, weight, structure, upstream, backend):
+    x.grad = weight.grad = None
+    csr_linear(x, weight, None, structure, backend=backend).backward(upstream)
+
+
+def scipy_step(x_np, w_csr, upstream_np, rows, cols, chunk=1 << 16):
+    """Y = X Wᵀ, dX = dY W, dW at the non-zeros (chunked row gathers)."""
+    x_t, g_t = np.ascontiguousarray(x_np.T), np.ascontiguousarray(upstream_np.T)
+    (w_csr @ x_t).T.copy()
+    (w_csr.T @ g_t).T.copy()
+    grad_w = np.empty(len(rows), dtype=x_np.dtype)
+    for start in range(0, len(rows), chunk):
+        part = slice(start, start + chunk)
+        grad_w[part] = np.einsum("ij,ij->i", g_t[rows[part]], x_t[cols[part]])
+
+
+def time_interleaved(fns: dict, reps: int) -> dict[str, float]:
+    """Median ms per function, the functions alternating so drift hits all of them alike."""
+    for fn in fns.values():
+        fn()  # warm-up
+    samples = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def bench_case(out_f, in_f, tokens, sparsity, reps, with_scipy):
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.rand(out_f, in_f, generator=gen) >= sparsity
+    weight = (torch.randn(out_f, in_f, generator=gen) * mask).requires_grad_(True)
+    x = torch.randn(tokens, in_f, generator=gen).requires_grad_(True)
+    upstream = torch.randn(tokens, out_f, generator=gen)
+    structure = CSRStructure.from_mask(mask)
+    fns = {"csr": lambda: csr_step(x, weight, structure, upstream, "auto")}
+    if sparsity >= SLOW_BASELINES_FROM:
+        fns["torch_sparse"] = lambda: csr_step(x, weight, structure, upstream, "torch")
+    if with_scipy and sparsity >= SLOW_BASELINES_FROM:
+        w_csr = scipy_sparse.csr_matrix(weight.detach().numpy())
+        rows, cols = (t.numpy() for t in mask.nonzero(as_tuple=True))
+        x_np, up_np = x.detach().numpy(), upstream.numpy()
+        fns["scipy"] = lambda: scipy_step(x_np, w_csr, up_np, rows, cols)
+    fns["masked_dense"] = lambda: dense_step(x, weight, mask, upstream)
+    times = time_interleaved(fns, reps)
+    return times, structure.nnz, structure.build_ms
+
+
+def crossover(rows: list[dict]) -> float | None:
+    """Lowest measured sparsity from which csr beats masked dense at every higher one."""
+    beating = [r["csr_speedup"] > 1.0 for r in rows]
+    for i in range(len(rows)):
+        if all(beating[i:]):
+            return rows[i]["sparsity"]
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer cases and repeats (~1 min)")
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    tokens_list = [512] if args.quick else TOKENS
+    sparsities = [0.5, 0.9, 0.97, 0.99] if args.quick else SPARSITIES
+    reps = 2 if args.quick else 3
+    with_scipy = scipy_sparse is not None and not args.quick
+    kernels = load_kernels()
+    print(f"native kernels: {kernels.path if kernels else 'unavailable (torch fallback)'}; "
+          f"scipy: {'yes' if with_scipy else 'no'}")
+    rows, groups = [], []
+    for threads in [int(t) for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        calibration = calibrate()
+        for out_f, in_f in SHAPES:
+            for tokens in tokens_list:
+                group = []
+                for sparsity in sparsities:
+                    times, nnz, build_ms = bench_case(out_f, in_f, tokens, sparsity, reps,
+                                                      with_scipy)
+                    dense_ms = times.pop("masked_dense")
+                    row = {"shape": [out_f, in_f], "tokens": tokens, "threads": threads,
+                           "sparsity": sparsity, "nnz": nnz, "masked_dense_ms": dense_ms,
+                           **{f"{k}_ms": v for k, v in times.items()},
+                           "csr_rebuild_ms": build_ms,
+                           "csr_speedup": dense_ms / times["csr"]}
+                    for baseline in ("torch_sparse", "scipy"):
+                        if baseline in times:
+                            row[f"{baseline}_speedup"] = dense_ms / times[baseline]
+                    target = TARGETS.get(sparsity)
+                    if target is not None:
+                        row["target"] = target
+                        row["meets_target"] = row["csr_speedup"] >= target
+                    group.append(row)
+                    print(f"t={threads} W={out_f}x{in_f} T={tokens:5d} s={sparsity:.2f} "
+                          f"dense {dense_ms:7.1f} ms | csr {times['csr']:7.2f} ms "
+                          f"({row['csr_speedup']:5.2f}x)"
+                          + "".join(f" | {b.replace('_', ' ')} {times[b]:7.1f} ms "
+                                    f"({row[b + '_speedup']:4.2f}x)"
+                                    for b in ("torch_sparse", "scipy") if b in times)
+                          + ("" if target is None else
+                             f"  target {target:.0f}x: {'ok' if row['meets_target'] else 'MISS'}"),
+                          flush=True)
+                measured = crossover(group)
+                predicted = 1.0 - calibration.crossover_density(out_f, in_f, tokens)
+                above = [r for r in group if measured is not None and r["sparsity"] >= measured]
+                per_nnz = [r["csr_ms"] / r["nnz"] * 1e6 for r in above]
+                groups.append({"shape": [out_f, in_f], "tokens": tokens, "threads": threads,
+                               "crossover_sparsity_measured": measured,
+                               "crossover_sparsity_predicted": predicted,
+                               "csr_ns_per_nnz_above_crossover": per_nnz})
+                print(f"  crossover sparsity: measured {measured}, calibrated rule "
+                      f"{predicted:.3f}; csr ns/nnz above it: "
+                      + ", ".join(f"{v:.1f}" for v in per_nnz), flush=True)
+                rows.append(group)
+    flat = [row for group in rows for row in group]
+    misses = [r for r in flat if r.get("meets_target") is False]
+    print(f"targets met: {sum(r.get('meets_target') is True for r in flat)}"
+          f"/{sum('target' in r for r in flat)}; misses: "
+          + ("none" if not misses else "; ".join(
+              f"W={r['shape']} T={r['tokens']} s={r['sparsity']} t={r['threads']} "
+              f"{r['csr_speedup']:.2f}x < {r['target']}x" for r in misses)))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "machine": {"processor": platform.processor() or platform.machine(),
+                    "torch": torch.__version__, "native_kernels": kernels is not None},
+        "quick": args.quick, "rows": flat, "crossover": groups}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Run every benchmark under bench/ and write bench/results/summary.md.
+
+Each benchmark is a standalone script that writes bench/results/<name>.json; this runs them one
+after another (they time CPUs, so never side by side), then tabulates each one's headline
+numbers: its top-level ratios, rates and latencies, with the machine they were measured on.
+
+    python bench/run_all.py [--quick] [--only csr_linear,dp_scaling]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+SUMMARY = RESULTS / "summary.md"
+# Not benchmarks: this runner, and the docs/results.md study (make results) with its renderer.
+NOT_BENCHMARKS = {"run_all", "study_results", "study_report"}
+HEADLINE = re.compile(r"ratio|per_s|_ms$|speedup|meets_target|efficiency")
+
+
+def benchmarks() -> list[str]:
+    return sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in NOT_BENCHMARKS)
+
+
+def headline(result: dict) -> str:
+    cells = []
+    for key, value in result.items():
+        if not HEADLINE.search(key) or isinstance(value, (dict, list)):
+            continue
+        cells.append(f"{key} = {value:.3g}" if isinstance(value, float) else f"{key} = {value}")
+    return "; ".join(cells) or "see JSON"
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if "model name" in line),
+                 cpu)
+    return f"{model}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, " \
+           f"Python {platform.python_version()}"
+
+
+def _cpuinfo() -> list[str]:
+    path = Path("/proc/cpuinfo")
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def run(name: str, quick: bool) -> tuple[int, float]:
+    argv = [sys.executable, str(BENCH / f"{name}.py")] + (["--quick"] if quick else [])
+    print(f"== {name}: {' '.join(argv[1:])}", flush=True)
+    started = time.perf_counter()
+    code = subprocess.call(argv, cwd=BENCH.parent)
+    return code, time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
+    parser.add_argument("--only", default=None, help="comma-separated benchmark names")
+    args = parser.parse_args()
+    names = benchmarks()
+    if args.only:
+        wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = sorted(set(wanted) - set(names))
+        if unknown:
+            parser.error(f"--only: unknown benchmark(s) {unknown}; choose from {names}")
+        names = wanted
+    rows, failed = [], 0
+    for name in names:
+        code, wall_s = run(name, args.quick)
+        result_path = RESULTS / f"{name}.json"
+        if code == 0 and result_path.exists():
+            cells = headline(json.loads(result_path.read_text()))
+        else:
+            failed += 1
+            cells = f"exit code {code}"
+        rows.append(f"| `{name}` | {'ok' if code == 0 else 'FAILED'} | {wall_s:.0f} | {cells} |")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    SUMMARY.write_text("\n".join([
+        f"Measured {stamp} on {machine()}"
+        + (" (`--quick`)" if args.quick else "") + "; regenerate with `make bench`.", "",
+        "| benchmark | status | wall s | headline (bench/results/<name>.json) |",
+        "|---|---|---|---|", *rows, ""]), encoding="utf-8")
+    print(SUMMARY.read_text())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

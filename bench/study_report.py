@@ -1,0 +1,241 @@
+"""Render bench/results/study_results.json into docs/results.md and its PNGs."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+STUDY_VARIANTS = ("dense", "static", "set", "rigl", "granet")
+# Cerebras' published perplexity orderings (lower is better), as (better, worse) pairs.
+PUBLISHED_PAIRS = (("dense", "rigl"), ("rigl", "set"), ("set", "static"), ("granet", "rigl"))
+# A GPT-3 XL-sized decoder (Brown et al. 2020) for projecting each variant's final density at a
+# scale where the wafer is compute- or I/O-bound rather than overhead-bound.
+LARGE_SHAPE = {"n_layer": 24, "d_model": 2048, "d_ff": 8192, "vocab_size": 50257, "seq_len": 2048}
+LARGE_BATCH_SEQUENCES = 512
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def fmt(values: list[float], spec: str = ".3f") -> str:
+    mean, sd = mean_sd(values)
+    return f"{mean:{spec}} ± {sd:{spec}}" if len(values) > 1 else f"{mean:{spec}}"
+
+
+def last_value(run: dict[str, Any], name: str) -> float | None:
+    points = run["metrics"].get(name)
+    return points[-1][1] if points else None
+
+
+def render(data: dict[str, Any], docs: Path) -> None:
+    images = docs / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    by_variant: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for run in data["runs"]:
+        by_variant[run["variant"]].append(run)
+    study = [v for v in STUDY_VARIANTS if v in by_variant]
+    _curves_png(by_variant, study, images / "perplexity_curves.png")
+    _layer_sparsity_png(by_variant, images / "layer_sparsity_granet_vs_rigl.png")
+    first = by_variant["dense"][0]
+    lines = [
+        "# Results: the reference study over seeds",
+        "",
+        "Regenerate everything on this page (numbers, tables, images) with",
+        "",
+        "```bash",
+        "make results     # = .venv/bin/python bench/study_results.py --seeds 0,1,2",
+        "```",
+        "",
+        f"Last run: `{data['command']}` on {platform.machine()} Linux, "
+        f"{_cpu_count()} CPU cores, in {data['total_wall_s'] / 60:.1f} min (two runs at a time, "
+        "one torch thread each). Raw numbers: `bench/results/study_results.json`.",
+        "",
+        f"What ran: `examples/study.yaml` — the `tiny` Llama ({first['params']:,} parameters, "
+        f"byte tokenizer), `builtin:shakespeare`, {first['max_steps']} steps of 16 × 128 tokens, "
+        f"seeds {', '.join(map(str, data['seeds']))}; each variant's `sparsity:` section is the "
+        "one the service derives for the study (`service/studies.py`). Each run trains in one "
+        "process on the whole global batch: `num_csx: 2` splits that same batch over two "
+        "replicas and averages their gradients, which is the same update up to float rounding, "
+        "so the seeds were run without Ray to fit the machine.",
+        "",
+        "## Validation perplexity (mean ± sd over seeds)",
+        "",
+        "| variant | final ppl | best ppl | seeds | final ppl per seed |",
+        "|---|---|---|---|---|",
+    ]
+    for name in study:
+        runs = by_variant[name]
+        per_seed = ", ".join(f"{r['final_ppl']:.3f}" for r in sorted(runs, key=lambda r: r["seed"]))
+        lines.append(f"| {name} | {fmt([r['final_ppl'] for r in runs])} | "
+                     f"{fmt([r['best_ppl'] for r in runs])} | {len(runs)} | {per_seed} |")
+    lines += ["", "![perplexity curves](images/perplexity_curves.png)", "",
+              "## Against the published orderings", "",
+              *_ordering_lines(by_variant, study, first["max_steps"]), "",
+              "## Per-layer sparsity over time: GraNet vs RigL (seed "
+              f"{data['seeds'][0]})", "",
+              "![per-layer sparsity](images/layer_sparsity_granet_vs_rigl.png)", "",
+              "RigL keeps every layer at its uniform 80% target from step 0; GraNet starts at 50% "
+              "and prunes globally (by magnitude across layers) on the cubic schedule, so layers "
+              "end at different sparsities with the same 80% overall.", "",
+              "## Mask churn and ITOP rate", "",
+              "Churn: fraction of active positions that changed at an update, averaged over the "
+              "updates of a run. ITOP rate: share of all weights that were ever active "
+              "(in-time over-parameterisation), at the end of the run.", "",
+              "| variant | mask updates | mean churn | final ITOP rate |", "|---|---|---|---|"]
+    for name in study:
+        runs = by_variant[name]
+        churn = [statistics.fmean(v for _, v in r["metrics"]["mask/churn"])
+                 for r in runs if r["metrics"].get("mask/churn")]
+        itop = [last_value(r, "mask/itop_rate") for r in runs if r["metrics"].get("mask/itop_rate")]
+        updates = len(runs[0]["metrics"].get("mask/churn", []))
+        lines.append(f"| {name} | {updates} | {fmt(churn, '.4f') if churn else '— (fixed mask)'} "
+                     f"| {fmt(itop, '.3f') if itop else '— (fixed mask)'} |")
+    lines += ["", "## Projected CS-2 speed-up over dense", "", *_speedup_lines(by_variant, study),
+              "", *_sparse_wide_lines(by_variant), ""]
+    (docs / "results.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def _cpu_count() -> int:
+    import os
+
+    return os.cpu_count() or 1
+
+
+def _ordering_lines(by_variant: dict[str, list[dict]], study: list[str],
+                    steps: int) -> list[str]:
+    means = {name: mean_sd([r["final_ppl"] for r in by_variant[name]]) for name in study}
+    ranked = sorted(study, key=lambda name: means[name][0])
+    lines = ["Our order, best first (mean final perplexity): "
+             + " < ".join(f"{n} ({means[n][0]:.3f})" for n in ranked) + ".", "",
+             "Cerebras reports dense < RigL < SET < Static at 80% and GraNet 50→80% below "
+             "RigL 80%. Pair by pair (a gap counts as real when it exceeds the larger of the two "
+             "seed-to-seed standard deviations):", ""]
+    for better, worse in PUBLISHED_PAIRS:
+        if better not in means or worse not in means:
+            continue
+        gap = means[worse][0] - means[better][0]
+        noise = max(means[better][1], means[worse][1])
+        verdict = "agrees" if gap > 0 else "disagrees"
+        strength = "real" if abs(gap) > noise else "within seed noise"
+        lines.append(f"- {better} < {worse}: **{verdict}** ({worse} − {better} = {gap:+.3f}, "
+                     f"sd {noise:.3f}: {strength})")
+    itop = {name: statistics.fmean(last_value(r, "mask/itop_rate") for r in by_variant[name])
+            for name in ("set", "rigl") if by_variant[name][0]["metrics"].get("mask/itop_rate")}
+    exploration = (f" (ITOP rate: RigL {itop['rigl']:.2f}, SET {itop['set']:.2f})"
+                   if len(itop) == 2 else "")
+    lines += ["", "Why ours can differ: the published runs train GPT-scale models for many "
+              "thousands of steps with RigL's cosine drop-fraction decay; here a 2-layer, "
+              f"64-wide model trains {steps:,} steps with the service's study defaults: a "
+              "constant drop fraction of 0.3 and 10 mask updates. Two effects plausibly drive "
+              "the differences, though we did not isolate them: RigL regrows where the dense "
+              "gradient is largest, which keeps returning to the same few positions of such "
+              "small layers, while SET's random regrowth explores more of them"
+              f"{exploration}; in-time over-parameterisation (Liu et al. 2021) ties more "
+              "exploration to better sparse models. And without the cosine decay the last "
+              "updates still replace 30% of each layer's weights by zeros shortly before the "
+              "end, which costs the gradient-guided method the most because it regrows "
+              "weights the loss is most sensitive to. Dense beating every sparse variant holds "
+              "at any scale; GraNet 50→80% trains denser than 80% for most of the run."]
+    return lines
+
+
+def _speedup_lines(by_variant: dict[str, list[dict]], study: list[str]) -> list[str]:
+    from simulator.cost_model import WaferScaleCluster, gpt_layer_shapes, project_step
+
+    systems = list(by_variant["dense"][0]["speedup"])
+    header = "| variant | " + " | ".join(f"num_csx {n}" for n in systems) + " |"
+    rule = "|---|" + "---|" * len(systems)
+    lines = ["Cost model of `simulator/cost_model.py` (DESIGN §3), from each run's final "
+             "masks, for the trained model and one 16 × 128-token step:", "", header, rule]
+    for name in study:
+        runs = by_variant[name]
+        lines.append(f"| {name} | " + " | ".join(
+            f"{fmt([r['speedup'][n] for r in runs], '.4f')}×" for n in systems) + " |")
+    tokens = LARGE_BATCH_SEQUENCES * LARGE_SHAPE["seq_len"]
+    lines += ["", "The tiny model is overhead-bound on a wafer: its step is microseconds of "
+              "compute next to the fixed per-layer latency and the 1 ms sync, so sparsity "
+              "cannot show. The same final densities on a GPT-3 XL-shaped decoder "
+              f"(24 layers, d_model 2048, d_ff 8192, {LARGE_BATCH_SEQUENCES} × 2048 tokens per "
+              "step; attention scores and LM head dense), uniform over the sparse layers:", "",
+              header.replace("variant |", "variant | final density |"),
+              rule + "---|"]
+    for name in study:
+        density = 1.0 - statistics.fmean(
+            last_value(r, "sparsity/global") or 0.0 for r in by_variant[name])
+        layers = gpt_layer_shapes(**LARGE_SHAPE, density=density)
+        cells = [project_step(layers, tokens, WaferScaleCluster(num_csx=int(n))).speedup_vs_dense
+                 for n in systems]
+        lines.append(f"| {name} | {density:.3f} | " + " | ".join(f"{c:.2f}×" for c in cells)
+                     + " |")
+    return lines
+
+
+def _sparse_wide_lines(by_variant: dict[str, list[dict]]) -> list[str]:
+    wide = sorted(v for v in by_variant if v.startswith("sparse-wide"))
+    if not wide:
+        return []
+    dense = by_variant["dense"][0]
+    lines = ["## Sparse-Wide (Sparse-IFT) RigL at equal FLOPs", "",
+             "Sparse-Wide widens every block projection by k = 1/√(1 − s) so that each sparse "
+             "layer has the dense layer's FLOPs; embeddings and the LM head stay dense "
+             f"(seed {dense['seed']}, same steps and data).", "",
+             "| variant | parameters (stored) | final ppl | best ppl |", "|---|---|---|---|",
+             f"| dense baseline | {dense['params']:,} | {dense['final_ppl']:.3f} | "
+             f"{dense['best_ppl']:.3f} |"]
+    for name in wide:
+        run = by_variant[name][0]
+        lines.append(f"| {name} | {run['params']:,} | {run['final_ppl']:.3f} | "
+                     f"{run['best_ppl']:.3f} |")
+    noise = mean_sd([r["final_ppl"] for r in by_variant["dense"]])[1]
+    verdicts = []
+    for name in wide:
+        gap = dense["final_ppl"] - by_variant[name][0]["final_ppl"]
+        strength = "beyond" if abs(gap) > noise else "within"
+        verdicts.append(f"{name} is {abs(gap):.3f} {'below' if gap > 0 else 'above'} it "
+                        f"({strength} the dense seed-to-seed sd of {noise:.3f})")
+    lines += ["", "Sparse-IFT reports Sparse-Wide beating its dense baseline at equal FLOPs. "
+              f"Here {'; '.join(verdicts)}: one seed each, so only a gap beyond that sd counts. "
+              "Both store more weights than the dense model (zeros included) and cost the same "
+              "FLOPs only where the fabric skips the zeros."]
+    return lines
+
+
+def _curves_png(by_variant: dict[str, list[dict]], study: list[str], path: Path) -> None:
+    figure = Figure(figsize=(7, 4.5), dpi=100)
+    axes = figure.add_subplot()
+    for name in study:
+        histories = [r["eval_history"] for r in by_variant[name]]
+        steps = [h["step"] for h in histories[0]]
+        means = [statistics.fmean(h[i]["perplexity"] for h in histories)
+                 for i in range(len(steps))]
+        axes.plot(steps, means, marker="o", markersize=3, label=name)
+    axes.set_yscale("log")
+    axes.set_xlabel("step")
+    axes.set_ylabel("validation perplexity (mean over seeds)")
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def _layer_sparsity_png(by_variant: dict[str, list[dict]], path: Path) -> None:
+    figure = Figure(figsize=(11, 4), dpi=100)
+    for axes, name in zip(figure.subplots(1, 2, sharey=True), ("rigl", "granet")):
+        run = min(by_variant[name], key=lambda r: r["seed"])
+        for metric, points in sorted(run["metrics"].items()):
+            if metric.startswith("sparsity/") and metric.endswith("/actual"):
+                layer = metric.removeprefix("sparsity/").removesuffix(".weight/actual")
+                axes.plot(*zip(*points), label=layer, linewidth=1)
+        axes.set_title(name)
+        axes.set_xlabel("step")
+        axes.grid(True, alpha=0.3)
+    figure.axes[0].set_ylabel("layer sparsity")
+    figure.axes[1].legend(fontsize=6, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path)

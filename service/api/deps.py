@@ -1,0 +1,79 @@
+"""Dependencies as named types: a handler's signature says what it needs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from service import crud
+from service.models import Job, Study, Token
+from service.scheduler import Scheduler
+from service.settings import Settings
+
+# Ids are 64-bit signed integers in every backend; larger ones cannot exist, so they are 422s.
+ResourceId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+bearer = HTTPBearer(auto_error=False, description="a token from `csx token create`")
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_scheduler(request: Request) -> Scheduler:
+    return request.app.state.scheduler
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with request.app.state.sessionmaker() as session:
+        yield session
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_current_user(
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Token:
+    unauthorized = {"WWW-Authenticate": "Bearer"}
+    if credentials is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Not authenticated", unauthorized)
+    token = crud.get_token_by_secret(session, secret=credentials.credentials)
+    if token is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Invalid token", unauthorized)
+    return token
+
+
+CurrentUser = Annotated[Token, Depends(get_current_user)]
+
+
+def _check_owner(user: Token, owner_id: int) -> None:
+    if not user.is_admin and owner_id != user.id:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "Not enough permissions")
+
+
+def get_owned_job(job_id: ResourceId, session: SessionDep, user: CurrentUser) -> Job:
+    """Load the job, 404 if missing, 403 unless the caller owns it or is an admin."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"Job {job_id} not found")
+    _check_owner(user, job.owner_id)
+    return job
+
+
+def get_owned_study(study_id: ResourceId, session: SessionDep, user: CurrentUser) -> Study:
+    study = session.get(Study, study_id)
+    if study is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"Study {study_id} not found")
+    _check_owner(user, study.owner_id)
+    return study
+
+
+OwnedJob = Annotated[Job, Depends(get_owned_job)]
+OwnedStudy = Annotated[Study, Depends(get_owned_study)]

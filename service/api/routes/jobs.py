@@ -1,0 +1,191 @@
+"""/jobs: submit (JSON or YAML, idempotent), validate, list, inspect, cancel, retry."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
+from fastapi.responses import JSONResponse, PlainTextResponse
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm.exc import StaleDataError
+
+from service import crud, joblogs
+from service.api.body import (
+    nest_params,
+    read_mapping,
+    request_body_openapi,
+    unprocessable,
+    validate,
+)
+from service.api.deps import CurrentUser, OwnedJob, SchedulerDep, SessionDep, SettingsDep
+from service.jobs import (
+    SubmissionError,
+    check_submission,
+    job_fields,
+    resolve_num_csx,
+    to_detail,
+    to_public,
+)
+from service.models import IdempotencyKey
+from service.schemas import (
+    JobCreate,
+    JobDetail,
+    JobEventsPage,
+    JobPublic,
+    JobsPage,
+    ValidationPublic,
+)
+from service.states import IllegalTransition, JobStatus, move
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+IdempotencyKeyHeader = Annotated[
+    str | None, Header(alias="Idempotency-Key", max_length=255, description="replays are safe")
+]
+
+
+async def _parse_job(request: Request, settings: SettingsDep) -> tuple[dict[str, Any], JobCreate]:
+    data = nest_params(await read_mapping(request), JobCreate)
+    job_in = validate(JobCreate, data)
+    try:
+        check_submission(job_in, job_in.params, settings)
+    except SubmissionError as err:
+        raise unprocessable(err.problems) from None
+    return data, job_in
+
+
+# Validation builds a model with torch (up to seconds): its handler is a plain function so that
+# FastAPI runs it in the thread pool instead of blocking the event loop for everyone.
+ParsedJob = Annotated[tuple[dict[str, Any], JobCreate], Depends(_parse_job)]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic,
+             openapi_extra=request_body_openapi("JobCreate"),
+             responses={409: {"description": "Idempotency-Key reused with another body"},
+                        413: {"description": "body over the size limit"}})
+async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
+                     settings: SettingsDep, scheduler: SchedulerDep,
+                     idempotency_key: IdempotencyKeyHeader = None) -> Response:
+    # Async on purpose: its few SQLite writes then run one at a time on the event loop, which
+    # measured faster than thread-pool handlers contending for SQLite's write lock.
+    data, job_in = await _parse_job(request, settings)
+    body_hash = crud.request_hash(data)
+    if idempotency_key is not None:
+        replay = _replay(session, user, idempotency_key, body_hash)
+        if replay is not None:
+            return replay
+    job = crud.add_job(session, owner=user, **job_fields(job_in, job_in.params, name=job_in.name))
+    public = to_public(session, job, settings).model_dump(mode="json")
+    if idempotency_key is not None:
+        session.add(IdempotencyKey(owner_id=user.id, key=idempotency_key,
+                                   request_hash=body_hash, job_id=job.id, response=public))
+    try:
+        session.commit()
+    except IntegrityError:
+        # A concurrent request with the same key won the race: answer as a replay of it.
+        session.rollback()
+        replay = _replay(session, user, idempotency_key or "", body_hash)
+        if replay is None:
+            raise
+        return replay
+    scheduler.wake()
+    return JSONResponse(public, status.HTTP_201_CREATED,
+                        headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+def _replay(session: SessionDep, user: CurrentUser, key: str, body_hash: str) -> Response | None:
+    stored = crud.find_idempotency_key(session, owner=user, key=key)
+    if stored is None:
+        return None
+    if stored.request_hash != body_hash:
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            f"Idempotency-Key {key!r} was already used with a different body")
+    return JSONResponse(stored.response, status.HTTP_201_CREATED,
+                        headers={"Location": f"/v1/jobs/{stored.job_id}",
+                                 "Idempotent-Replayed": "true"})
+
+
+@router.post(":validate", response_model=ValidationPublic,
+             openapi_extra=request_body_openapi("JobCreate"))
+def validate_job(parsed: ParsedJob, user: CurrentUser) -> ValidationPublic:
+    """The --validate_only plan for a submission, without queueing it (loads torch)."""
+    _, job_in = parsed
+    num_csx = resolve_num_csx(job_in, job_in.params)
+    from workers.plan import validate_plan
+
+    try:
+        plan = validate_plan(job_in.params, num_csx)
+    except (ValueError, TypeError) as err:
+        raise unprocessable([(("params",), str(err))]) from None
+    except (RuntimeError, MemoryError) as err:
+        # torch refusing to build the model (say, an absurd size) is the spec's fault too.
+        message = f"the model cannot be built: {type(err).__name__}: {str(err)[:500]}"
+        raise unprocessable([(("params", "model"), message)]) from None
+    return ValidationPublic(valid=True, num_csx=num_csx, plan=plan)
+
+
+@router.get("", response_model=JobsPage)
+def list_jobs(
+    session: SessionDep, user: CurrentUser, settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+    experiment: Annotated[str | None, Query(max_length=200)] = None,
+    owner: Annotated[str | None, Query(max_length=100, description="token name")] = None,
+) -> JobsPage:
+    try:
+        jobs, next_cursor = crud.list_jobs(session, owner=user, limit=limit, cursor=cursor,
+                                           status=status_, experiment=experiment, owner_name=owner)
+    except ValueError as err:
+        raise unprocessable([(("cursor",), str(err))], prefix=("query",)) from None
+    data = [to_public(session, job, settings) for job in jobs]
+    return JobsPage(data=data, count=len(data), next_cursor=next_cursor)
+
+
+@router.get("/{job_id:int}", response_model=JobDetail)
+def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobDetail:
+    return to_detail(session, job, settings)
+
+
+@router.get("/{job_id:int}/events", response_model=JobEventsPage)
+def get_job_events(job: OwnedJob) -> JobEventsPage:
+    return JobEventsPage.model_validate({"data": job.events, "count": len(job.events)})
+
+
+@router.get("/{job_id:int}/logs", response_class=PlainTextResponse)
+def get_job_logs(job: OwnedJob, settings: SettingsDep,
+                 tail: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> str:
+    return joblogs.tail(settings.runs_dir, job.id, tail)
+
+
+@router.post("/{job_id:int}:cancel", status_code=status.HTTP_202_ACCEPTED,
+             response_model=JobPublic, responses={409: {"description": "illegal transition"}})
+def cancel_job(job: OwnedJob, user: CurrentUser, session: SessionDep, settings: SettingsDep,
+               scheduler: SchedulerDep) -> JobPublic:
+    # Nothing runs for a queued job, so it is cancelled at once; others stop via CANCELLING.
+    target = JobStatus.CANCELLED if job.status == JobStatus.QUEUED else JobStatus.CANCELLING
+    _move(session, job, target, f"cancel requested by {user.name}", settings)
+    scheduler.wake()
+    return to_public(session, job, settings)
+
+
+@router.post("/{job_id:int}:retry", status_code=status.HTTP_202_ACCEPTED,
+             response_model=JobPublic, responses={409: {"description": "illegal transition"}})
+def retry_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
+              scheduler: SchedulerDep) -> JobPublic:
+    _move(session, job, JobStatus.QUEUED, f"retry (attempt {job.attempt + 1})", settings)
+    scheduler.wake()
+    return to_public(session, job, settings)
+
+
+def _move(session: SessionDep, job: Any, target: JobStatus, message: str,
+          settings: SettingsDep) -> None:
+    try:
+        move(session, job, target, message=message,
+             mlflow_tracking_uri=settings.mlflow_tracking_uri)
+        session.commit()
+    except IllegalTransition as err:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
+    except StaleDataError:
+        session.rollback()
+        message = f"job {job.id} changed state meanwhile; read it and try again"
+        raise HTTPException(status.HTTP_409_CONFLICT, message) from None

@@ -1,0 +1,84 @@
+"""/studies: one base spec run as several sparsity variants, compared in a report."""
+
+from __future__ import annotations
+
+import base64
+
+from fastapi import APIRouter, Request, Response, status
+
+from service import crud
+from service.api.body import (
+    nest_params,
+    read_mapping,
+    request_body_openapi,
+    unprocessable,
+    validate,
+)
+from service.api.deps import CurrentUser, OwnedStudy, SchedulerDep, SessionDep, SettingsDep
+from service.jobs import SubmissionError, check_submission, job_fields, mlflow_url, to_public
+from service.schemas import StudyCreate, StudyPublic, StudyReport
+from service.studies import build_report, open_parent_run, study_status, variant_spec, variants
+
+router = APIRouter(prefix="/studies", tags=["studies"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyPublic,
+             openapi_extra=request_body_openapi("StudyCreate"))
+async def create_study(request: Request, session: SessionDep, user: CurrentUser,
+                       settings: SettingsDep, scheduler: SchedulerDep) -> StudyPublic:
+    study_in = validate(StudyCreate, nest_params(await read_mapping(request), StudyCreate))
+    specs = []
+    for index, (name, sparsity) in enumerate(variants(study_in)):
+        try:
+            spec = variant_spec(study_in.params, sparsity)
+            check_submission(study_in, spec, settings)
+        except SubmissionError as err:
+            where = "variants" if study_in.variants is not None else "algorithms"
+            problems = [((where, index, *loc), msg) for loc, msg in err.problems]
+            raise unprocessable(problems) from None
+        except ValueError as err:  # pydantic's ValidationError of the variant's section
+            raise unprocessable([(("variants", index, "sparsity"), str(err))]) from None
+        specs.append((name, spec))
+    experiment = study_in.experiment or study_in.params.runconfig.mlflow_experiment
+    study = crud.add_study(session, owner=user, name=study_in.name, experiment=experiment,
+                           request=study_in.model_dump(mode="json"))
+    study.mlflow_experiment_id, study.mlflow_run_id = open_parent_run(settings, study)
+    for name, spec in specs:
+        fields = job_fields(study_in, spec, name=f"{study_in.name}/{name}")
+        fields["tags"] = {**fields["tags"], "csx.variant": name, "csx.study": study_in.name}
+        crud.add_job(session, owner=user, study_id=study.id, **fields)
+    session.commit()
+    session.refresh(study)
+    scheduler.wake()
+    return _public(session, study, settings)
+
+
+@router.get("/{study_id:int}", response_model=StudyPublic)
+def get_study(study: OwnedStudy, session: SessionDep, settings: SettingsDep) -> StudyPublic:
+    return _public(session, study, settings)
+
+
+@router.get("/{study_id:int}/report", response_model=StudyReport)
+def get_study_report(study: OwnedStudy, settings: SettingsDep) -> StudyReport:
+    """Final/best eval perplexity, projected CS-2 speed-up, wall time and status per variant,
+    plus perplexity curves as a base64 PNG; logged to the parent run once all jobs end."""
+    return build_report(settings, study)
+
+
+@router.get("/{study_id:int}/report.png", response_class=Response,
+            responses={200: {"content": {"image/png": {}}}, 404: {"description": "no curves yet"}})
+def get_study_report_png(study: OwnedStudy, settings: SettingsDep) -> Response:
+    report = build_report(settings, study)
+    if report.png_base64 is None:
+        return Response(b'{"detail":"no evaluation has finished yet"}', status.HTTP_404_NOT_FOUND,
+                        media_type="application/json")
+    return Response(base64.b64decode(report.png_base64), media_type="image/png")
+
+
+def _public(session: SessionDep, study: OwnedStudy, settings: SettingsDep) -> StudyPublic:
+    return StudyPublic(
+        id=study.id, name=study.name, experiment=study.experiment, status=study_status(study),
+        mlflow_run_id=study.mlflow_run_id,
+        mlflow_url=mlflow_url(settings, study.mlflow_experiment_id, study.mlflow_run_id),
+        created_at=study.created_at, jobs=[to_public(session, j, settings) for j in study.jobs],
+    )

@@ -1,0 +1,170 @@
+"""`csx serve | token | submit | study`: registered into workers/cli.py's parser lazily.
+
+    csx serve [--host 127.0.0.1] [--port 8000] [--dev-token] [--paused]
+    csx token create --name N [--admin]              # prints the secret once
+    csx submit --params P.yaml [--num_csx N] [--mode M] [--name N] [--priority P]
+    csx study --params P.yaml --name N --algorithms dense,static,set,rigl,granet --sparsity 0.9
+    csx local-study [--study examples/study.yaml] [--state-dir .csx] [--no-wait]   # `make run`
+
+Client commands talk to --url (default $CSX_URL or http://127.0.0.1:8000) with --token
+(default $CSX_TOKEN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser("serve", help="run the REST API and scheduler")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--dev-token", action="store_true", help="print a fresh admin token")
+    serve.add_argument("--paused", action="store_true", help="queue jobs but start none")
+    serve.set_defaults(handler=serve_command)
+
+    token = subparsers.add_parser("token", help="manage API tokens")
+    actions = token.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="create a token and print its secret once")
+    create.add_argument("--name", required=True)
+    create.add_argument("--admin", action="store_true", help="may see every user's jobs")
+    create.set_defaults(handler=token_create_command)
+
+    submit = subparsers.add_parser("submit", help="submit a params YAML as a job")
+    _client_options(submit)
+    submit.add_argument("--num_csx", type=int)
+    submit.add_argument("--mode", choices=("train", "eval", "train_and_eval", "eval_all"))
+    submit.add_argument("--name")
+    submit.add_argument("--priority", type=int)
+    submit.set_defaults(handler=submit_command)
+
+    study = subparsers.add_parser("study", help="run one params YAML under several algorithms")
+    _client_options(study)
+    study.add_argument("--name", required=True)
+    study.add_argument("--algorithms", default="dense,static,set,rigl,granet",
+                       help="comma-separated: dense, static, set, rigl, granet")
+    study.add_argument("--sparsity", type=float, required=True)
+    study.add_argument("--num_csx", type=int)
+    study.set_defaults(handler=study_command)
+
+    local = subparsers.add_parser(
+        "local-study", help="start API, Ray and MLflow UI locally, run a study YAML, report")
+    local.add_argument("--study", type=Path, default=Path("examples/study.yaml"),
+                       help="a POST /v1/studies body as YAML")
+    local.add_argument("--state-dir", type=Path, default=Path(".csx"),
+                       help="databases, MLflow store, checkpoints and logs")
+    local.add_argument("--api-port", type=int, default=0, help="0: a free port")
+    local.add_argument("--ui-port", type=int, default=0, help="0: a free port")
+    local.add_argument("--cluster-size", type=int, default=2,
+                       help="simulated CS-2 systems (one CPU each) shared by the variants")
+    local.add_argument("--no-wait", action="store_true",
+                       help="stop the stack after the report instead of keeping the UI up")
+    local.set_defaults(handler=local_study_command)
+
+
+def _client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", required=True, type=Path, help="ModelZoo params YAML")
+    parser.add_argument("--url", default=os.environ.get("CSX_URL", DEFAULT_URL))
+    parser.add_argument("--token", default=os.environ.get("CSX_TOKEN"))
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    overrides: dict[str, Any] = {}
+    if args.dev_token:
+        overrides["dev_token"] = True
+    if args.paused:
+        overrides["paused"] = True
+    uvicorn.run(create_app(Settings(**overrides)), host=args.host, port=args.port)
+    return 0
+
+
+def token_create_command(args: argparse.Namespace) -> int:
+    from service import crud
+    from service.db import make_engine, make_sessionmaker, upgrade_database
+    from service.settings import Settings
+
+    settings = Settings()
+    upgrade_database(settings.database_url)
+    engine = make_engine(settings.database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            _, secret = crud.create_token(session, name=args.name, is_admin=args.admin)
+            session.commit()
+    finally:
+        engine.dispose()
+    print(secret)
+    return 0
+
+
+def submit_command(args: argparse.Namespace) -> int:
+    import yaml
+
+    body = yaml.safe_load(args.params.read_text(encoding="utf-8")) or {}
+    for option in ("num_csx", "mode", "name", "priority"):
+        if getattr(args, option) is not None:
+            body[option] = getattr(args, option)
+    return _post(args, "/v1/jobs", body)
+
+
+def study_command(args: argparse.Namespace) -> int:
+    import yaml
+
+    body: dict[str, Any] = {
+        "name": args.name,
+        "params": yaml.safe_load(args.params.read_text(encoding="utf-8")) or {},
+        "algorithms": [a.strip() for a in args.algorithms.split(",") if a.strip()],
+        "sparsity": args.sparsity,
+    }
+    if args.num_csx is not None:
+        body["num_csx"] = args.num_csx
+    return _post(args, "/v1/studies", body)
+
+
+def local_study_command(args: argparse.Namespace) -> int:
+    from service.local_stack import StackError, run_local_study
+
+    try:
+        return run_local_study(args.study, state_dir=args.state_dir, api_port=args.api_port,
+                               ui_port=args.ui_port, cluster_size=args.cluster_size,
+                               keep_ui=not args.no_wait)
+    except StackError as err:
+        print(f"csx local-study: {err}", file=sys.stderr)
+        return 1
+
+
+def _post(args: argparse.Namespace, path: str, body: dict[str, Any]) -> int:
+    import httpx
+
+    if not args.token:
+        raise ValueError("no token: pass --token or set CSX_TOKEN (see `csx token create`)")
+    response = httpx.post(args.url.rstrip("/") + path, json=body, timeout=120,
+                          headers={"Authorization": f"Bearer {args.token}"})
+    print(json.dumps(response.json(), indent=2))
+    return 0 if response.is_success else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m service.cli")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except ValueError as err:
+        print(f"csx {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

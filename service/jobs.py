@@ -1,0 +1,87 @@
+"""From a submission to Job columns, and from a Job row to what the API shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service import crud
+from service.models import Job
+from service.preflight import Problem, check_params
+from service.schemas import JobDetail, JobPublic, RunOptions
+from service.settings import Settings
+from workers.spec import JobSpec
+
+
+class SubmissionError(ValueError):
+    """Problems found in a submission, each (location, message); the API answers 422."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems))
+        self.problems = problems
+
+
+def resolve_num_csx(options: RunOptions, spec: JobSpec) -> int:
+    return options.num_csx if options.num_csx is not None else spec.runconfig.num_csx
+
+
+def check_submission(options: RunOptions, spec: JobSpec, settings: Settings) -> None:
+    """The torch-free checks that need the service's settings; raises SubmissionError."""
+    problems = [(("params", *loc), msg) for loc, msg in
+                check_params(spec.model_dump(), allowed_data_roots=settings.allowed_data_roots)]
+    num_csx = resolve_num_csx(options, spec)
+    if num_csx > settings.cluster_size:
+        where = ("num_csx",) if options.num_csx is not None else ("params", "runconfig", "num_csx")
+        problems.append((where, f"num_csx {num_csx} exceeds the cluster's "
+                                f"{settings.cluster_size} CS-2 systems"))
+    if spec.train_input.batch_size % num_csx:
+        problems.append((("params", "train_input", "batch_size"),
+                         f"global batch_size {spec.train_input.batch_size} must divide evenly "
+                         f"over num_csx={num_csx}"))
+    if problems:
+        raise SubmissionError(problems)
+
+
+def job_fields(options: RunOptions, spec: JobSpec, *, name: str | None) -> dict[str, Any]:
+    """Job columns for a checked submission; unset options fall back to the params' runconfig."""
+    runconfig = spec.runconfig
+    return {
+        "name": name or f"{runconfig.mlflow_experiment}-{spec.model.preset or 'custom'}",
+        "experiment": options.experiment or runconfig.mlflow_experiment,
+        "mode": options.mode,
+        "num_csx": resolve_num_csx(options, spec),
+        "priority": options.priority,
+        "max_failures": (options.max_failures if options.max_failures is not None
+                         else runconfig.max_failures),
+        "timeout_s": options.timeout_s,
+        "tags": dict(options.tags),
+        "params": spec.model_dump(mode="json"),
+    }
+
+
+def mlflow_url(settings: Settings, experiment_id: str | None, run_id: str | None) -> str | None:
+    if experiment_id is None or run_id is None:
+        return None
+    return f"{settings.mlflow_ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def to_public(session: Session, job: Job, settings: Settings) -> JobPublic:
+    return JobPublic.model_validate({**_public_fields(session, job, settings)})
+
+
+def to_detail(session: Session, job: Job, settings: Settings) -> JobDetail:
+    return JobDetail.model_validate(
+        {**_public_fields(session, job, settings), "params": job.params, "plan": job.plan}
+    )
+
+
+def _public_fields(session: Session, job: Job, settings: Settings) -> dict[str, Any]:
+    fields = {name: getattr(job, name) for name in JobPublic.model_fields
+              if name not in ("owner", "queue_position", "mlflow_url")}
+    return {
+        **fields,
+        "owner": job.owner.name,
+        "queue_position": crud.queue_position(session, job=job),
+        "mlflow_url": mlflow_url(settings, job.mlflow_experiment_id, job.mlflow_run_id),
+    }

@@ -1,0 +1,366 @@
+"""The whole local stack in one process tree: `csx local-study` (what `make run` does).
+
+Starts `mlflow ui` and `csx serve` (which starts a local Ray runtime on its first job) on
+127.0.0.1 with free ports and every piece of state under one folder (`.csx/` by default:
+SQLite job database, SQLite MLflow store and artifacts, checkpoints and job logs), submits a
+study YAML over REST with the service's dev token, prints one progress line per variant as it
+moves, then the comparison table and the MLflow UI address, and keeps the UI up until Ctrl-C.
+
+Each child runs in its own session, so its process group holds everything it started: Ray's
+gcs_server ignores SIGTERM, so on exit each group gets SIGINT (graceful: Ray's atexit hook),
+then SIGKILL for whatever is left. Nothing outside those groups is touched.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+HOST = "127.0.0.1"
+DEV_TOKEN_LINE = re.compile(r"csx dev token \(admin\): (\S+)")
+RAY_STARTED = re.compile(r"Ray runtime started")
+LOG_TAIL_LINES = 30
+TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+class StackError(RuntimeError):
+    """A process of the stack could not start or died; the message carries its log tail."""
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def check_port_free(port: int, host: str = HOST) -> None:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise ValueError(f"port {port} on {host} is taken ({err.strerror}); pass another "
+                             "port or 0 for a free one") from None
+
+
+@dataclass
+class StackProcess:
+    """One child of the stack, in its own process group, logging to a file."""
+
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    @classmethod
+    def start(cls, name: str, argv: list[str], *, log_path: Path, env: dict[str, str],
+              cwd: Path) -> StackProcess:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("wb") as log:
+            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=cwd, stdin=subprocess.DEVNULL, start_new_session=True)
+        return cls(name, popen, log_path)
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open(encoding="utf-8", errors="replace") as log:
+            return "".join(deque(log, maxlen=lines))
+
+    def check_alive(self) -> None:
+        code = self.popen.poll()
+        if code is not None:
+            raise StackError(f"{self.name} exited with code {code}; last lines of "
+                             f"{self.log_path}:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to the process (uvicorn, mlflow and `ray start --block` shut down cleanly on
+        it), then SIGKILL to its group and to every descendant seen before: gcs_server ignores
+        SIGTERM and Ray puts each worker in a process group of its own."""
+        family = _descendants(self.popen.pid)
+        if self.popen.poll() is None:
+            self.popen.terminate()
+        try:
+            self.popen.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _kill_group(self.popen.pid)  # start_new_session: the child leads its own group
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.popen.wait()
+
+
+def _descendants(root: int) -> list[int]:
+    """Every living descendant of `root`, from /proc (empty where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, pending = [], [root]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def wait_until_up(url: str, process: StackProcess, timeout_s: float) -> None:
+    """Poll `url` until it answers 200; fail early, with the log tail, if the process dies."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        process.check_alive()
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise StackError(f"{process.name} did not answer {url} within {timeout_s:.0f} s; last lines "
+                     f"of {process.log_path}:\n{process.log_tail()}")
+
+
+def wait_for_line(pattern: re.Pattern[str], process: StackProcess,
+                  timeout_s: float) -> re.Match[str]:
+    """The first match of `pattern` in the process's log, once it is written."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        match = pattern.search(process.log_tail(200))
+        if match:
+            return match
+        process.check_alive()
+        time.sleep(0.2)
+    raise StackError(f"{process.name} did not print {pattern.pattern!r} within {timeout_s:.0f} s;"
+                     f" last lines of {process.log_path}:\n{process.log_tail()}")
+
+
+@dataclass
+class LocalStack:
+    """mlflow ui + csx serve sharing one state folder; a context manager that stops both."""
+
+    state_dir: Path
+    api_port: int = 0
+    ui_port: int = 0
+    ray_port: int = 0
+    cluster_size: int = 2
+    start_timeout_s: float = 120.0
+    processes: list[StackProcess] = field(default_factory=list)
+    token: str = ""
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{HOST}:{self.api_port}"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://{HOST}:{self.ui_port}"
+
+    def __enter__(self) -> LocalStack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        for port in (self.api_port, self.ui_port, self.ray_port):
+            if port:
+                check_port_free(port)
+        self.api_port = self.api_port or free_port()
+        self.ui_port = self.ui_port or free_port()
+        self.ray_port = self.ray_port or free_port()
+        self.state_dir = self.state_dir.resolve()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        env = self._environment()
+        # The UI before the service: it creates the MLflow schema, which the service would race.
+        ui = self._start("mlflow ui", [
+            sys.executable, "-m", "mlflow", "ui", "--host", HOST, "--port", str(self.ui_port),
+            "--workers", "1", "--backend-store-uri", env["CSX_MLFLOW_TRACKING_URI"],
+            "--default-artifact-root", (self.state_dir / "mlruns").as_uri()], env)
+        # Ray in a process of its own, joined by the service through RAY_ADDRESS: a runtime that
+        # ray.init starts dies with the *thread* that started it (PR_SET_PDEATHSIG), and the
+        # service connects from a job's thread.
+        ray = self._start("ray", [
+            sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+            "--port", str(self.ray_port), "--num-cpus", str(self.cluster_size),
+            "--include-dashboard", "false", "--disable-usage-stats"], env)
+        wait_until_up(f"{self.ui_url}/health", ui, self.start_timeout_s)
+        wait_for_line(RAY_STARTED, ray, self.start_timeout_s)
+        api = self._start("csx serve", [sys.executable, "-m", "service.cli", "serve", "--host",
+                                        HOST, "--port", str(self.api_port), "--dev-token"], env)
+        wait_until_up(f"{self.api_url}/v1/healthz", api, self.start_timeout_s)
+        self.token = wait_for_line(DEV_TOKEN_LINE, api, self.start_timeout_s).group(1)
+
+    def _environment(self) -> dict[str, str]:
+        state = self.state_dir
+        return {
+            **os.environ,
+            "CSX_DATABASE_URL": f"sqlite:///{state / 'csx.db'}",
+            "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{state / 'mlflow.db'}",
+            "CSX_MLFLOW_UI_URL": self.ui_url,
+            "CSX_RUNS_DIR": str(state / "runs"),
+            "CSX_CLUSTER_SIZE": str(self.cluster_size),
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",  # DESIGN §6: 7 s and 0.5 GB, not 3 GB
+            "RAY_ADDRESS": f"{HOST}:{self.ray_port}",
+            "RAY_AUTH_MODE": "disabled",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> StackProcess:
+        log = self.state_dir / "logs" / f"{name.replace(' ', '-')}.log"
+        # cwd = state folder: MLflow's default ./mlruns artifact root lands there, too.
+        process = StackProcess.start(name, argv, log_path=log, env=env, cwd=self.state_dir)
+        self.processes.append(process)
+        return process
+
+    def check_alive(self) -> None:
+        for process in self.processes:
+            process.check_alive()
+
+    def stop(self) -> None:
+        # Reverse start order: the service stops its jobs before Ray goes away.
+        while self.processes:
+            self.processes.pop().stop()
+
+
+class StudyClient:
+    """The REST calls of a study, with the stack's bearer token."""
+
+    def __init__(self, api_url: str, token: str) -> None:
+        import httpx
+
+        self.http = httpx.Client(base_url=api_url, timeout=60,
+                                 headers={"Authorization": f"Bearer {token}"})
+
+    def submit(self, study_yaml: str) -> dict[str, Any]:
+        response = self.http.post("/v1/studies", content=study_yaml.encode(),
+                                  headers={"Content-Type": "application/yaml"})
+        if response.status_code != 201:
+            raise ValueError(f"the service refused the study ({response.status_code}): "
+                             f"{response.text}")
+        return response.json()
+
+    def get(self, path: str) -> Any:
+        response = self.http.get(path)
+        response.raise_for_status()
+        return response.json() if "json" in response.headers.get("content-type", "") \
+            else response.text
+
+
+def progress_line(job: dict[str, Any], elapsed_s: float) -> str:
+    variant = job["tags"].get("csx.variant", job["name"])
+    progress = job.get("progress") or {}
+    line = f"[{elapsed_s:6.0f}s] {variant:<8} {job['status']:<12}"
+    if "step" in progress:
+        line += (f" step {progress['step']:>5}/{progress['max_steps']:<5} "
+                 f"loss {progress['loss']:.3f}  {progress['tokens_per_s']:,.0f} tok/s")
+    if job["status"] in ("FAILED", "CANCELLED") and job.get("status_message"):
+        line += f"  {job['status_message']}"
+    return line
+
+
+def follow_study(client: StudyClient, study_id: int, stack: LocalStack, *, out: TextIO,
+                 poll_s: float = 1.0, quiet_s: float = 10.0) -> dict[str, Any]:
+    """Poll the study until every job is terminal, printing a variant's line when its status
+    changes or, at most every `quiet_s`, when its step moves on; returns the final study."""
+    started = time.monotonic()
+    last: dict[int, tuple[str, Any, float]] = {}
+    while True:
+        stack.check_alive()
+        study = client.get(f"/v1/studies/{study_id}")
+        now = time.monotonic()
+        for job in study["jobs"]:
+            step = (job.get("progress") or {}).get("step")
+            status, seen_step, printed_at = last.get(job["id"], ("", None, -quiet_s))
+            moved = step != seen_step and now - printed_at >= quiet_s
+            if job["status"] != status or moved:
+                print(progress_line(job, now - started), file=out, flush=True)
+                last[job["id"]] = (job["status"], step, now)
+        if study["status"] == "DONE":
+            return study
+        time.sleep(poll_s)
+
+
+def format_report(rows: list[dict[str, Any]]) -> str:
+    def number(value: float | None, spec: str, unit: str = "") -> str:
+        return "—" if value is None else format(value, spec) + unit
+
+    header = (f"{'variant':<10} {'status':<10} {'final ppl':>10} {'best ppl':>10} "
+              f"{'CS-2 speed-up':>14} {'wall s':>8}")
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        lines.append(f"{row['variant']:<10} {row['status']:<10} "
+                     f"{number(row['final_eval_perplexity'], '.3f'):>10} "
+                     f"{number(row['best_eval_perplexity'], '.3f'):>10} "
+                     f"{number(row['projected_speedup'], '.2f', '×'):>14} "
+                     f"{number(row['wall_time_s'], '.0f'):>8}")
+    return "\n".join(lines)
+
+
+def run_local_study(study_path: Path, *, state_dir: Path, api_port: int = 0, ui_port: int = 0,
+                    cluster_size: int = 2, keep_ui: bool = True, out: TextIO = sys.stdout) -> int:
+    """Start the stack, run the study to the end, print the report; 0 iff every job succeeded."""
+    study_yaml = study_path.read_text(encoding="utf-8")
+    with LocalStack(state_dir, api_port=api_port, ui_port=ui_port,
+                    cluster_size=cluster_size) as stack:
+        print(f"csx API     {stack.api_url}   CSX_TOKEN={stack.token}\n"
+              f"MLflow UI   {stack.ui_url}\nstate       {stack.state_dir}", file=out, flush=True)
+        client = StudyClient(stack.api_url, stack.token)
+        study = client.submit(study_yaml)
+        print(f"study {study['id']} '{study['name']}': {len(study['jobs'])} variants submitted",
+              file=out, flush=True)
+        study = follow_study(client, study["id"], stack, out=out)
+        report = client.get(f"/v1/studies/{study['id']}/report")
+        print("\n" + format_report(report["rows"]), file=out)
+        if report.get("png_base64"):
+            png = stack.state_dir / f"study-{study['id']}-perplexity.png"
+            png.write_bytes(base64.b64decode(report["png_base64"]))
+            print(f"\nperplexity curves: {png}", file=out)
+        failed = [job for job in study["jobs"] if job["status"] != "SUCCEEDED"]
+        for job in failed:
+            logs = client.get(f"/v1/jobs/{job['id']}/logs?tail={LOG_TAIL_LINES}")
+            print(f"\n{job['name']} {job['status']}: {job.get('status_message')}\n{logs}",
+                  file=out)
+        print(f"MLflow UI: {study['mlflow_url'] or stack.ui_url}", file=out, flush=True)
+        if keep_ui:
+            print("Ctrl-C stops the stack.", file=out, flush=True)
+            _wait_for_interrupt(stack)
+    return 1 if failed else 0
+
+
+def _wait_for_interrupt(stack: LocalStack) -> None:
+    # SIGTERM (e.g. from a process manager) stops the stack like Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        while True:
+            stack.check_alive()
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,316 @@
+"""Queue → simulated CS-2 cluster: priority then FIFO, a job holds num_csx systems until it ends.
+
+One scheduler thread ticks every `scheduler_interval_s` (and on `wake()`): it hands free
+systems to the head of the queue, forwards cancels and timeouts to running jobs, and leaves
+everything else to one execution thread per job, which validates, launches the worker group
+through `workers.runner.start_job`, follows its progress and records the outcome. Every state
+change goes through `states.move`. On start, `recover()` makes a restart lose nothing:
+QUEUED jobs wait, jobs that held systems resume from their last checkpoint as RECOVERING.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
+
+from service import crud, joblogs
+from service.models import Job
+from service.settings import Settings
+from service.states import RESUMABLE, TERMINAL, JobStatus, move
+
+logger = logging.getLogger(__name__)
+S = JobStatus
+
+
+class Handle(Protocol):
+    """What `workers.runner.start_job` returns."""
+
+    run_id: str | None
+
+    def cancel(self) -> None: ...
+    def wait(self) -> dict[str, Any]: ...
+
+
+Launcher = Callable[..., Handle]  # start_job's keyword signature
+
+
+def ray_launcher(cluster_size: int) -> Launcher:
+    """start_job on a Ray runtime sized for the whole cluster (connect once, from any thread)."""
+    lock = threading.Lock()
+
+    def launch(spec: Any, **kwargs: Any) -> Handle:
+        from workers.runner import connect_ray, start_job
+
+        with lock:
+            connect_ray(num_cpus=cluster_size)
+        return start_job(spec, **kwargs)
+
+    return launch
+
+
+@dataclass
+class Execution:
+    job_id: int
+    handle: Handle | None = None
+    stop_reason: str | None = None  # why the scheduler stopped it: "cancelled" or "timeout"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def stop(self, reason: str) -> None:
+        with self.lock:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+            handle = self.handle
+        if handle is not None:
+            handle.cancel()
+
+    def attach(self, handle: Handle) -> None:
+        with self.lock:
+            self.handle = handle
+            stopped = self.stop_reason is not None
+        if stopped:
+            handle.cancel()
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session],
+                 launcher: Launcher | None = None) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.launcher = launcher or ray_launcher(settings.cluster_size)
+        self._executions: dict[int, Execution] = {}
+        self._executions_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self.recover()
+        self._thread = threading.Thread(target=self._loop, name="csx-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.tick()
+            except Exception:
+                # One bad tick (say, the database briefly away) must not end scheduling.
+                logger.exception("scheduler tick failed; retrying next tick")
+            self._wake.wait(self.settings.scheduler_interval_s)
+            self._wake.clear()
+
+    def recover(self) -> None:
+        """After a restart: nothing is running in this process yet, whatever the rows say."""
+        resume = []
+        with self.sessions() as session:
+            for job in crud.jobs_in(session, statuses=frozenset(S) - TERMINAL - {S.QUEUED}):
+                status = JobStatus(job.status)
+                if status is S.VALIDATING:
+                    self._move(session, job, S.QUEUED, "service restarted during validation")
+                elif status is S.CANCELLING:
+                    self._move(session, job, S.CANCELLED, "cancelled (service restarted)")
+                elif status in RESUMABLE:
+                    if status is not S.RECOVERING:
+                        self._move(session, job, S.RECOVERING,
+                                   "service restarted; resuming from the last checkpoint")
+                    resume.append(job.id)
+            session.commit()
+        # Only after the commit: an execution thread must read RECOVERING, not the old state.
+        for job_id in resume:
+            joblogs.append(self.settings.runs_dir, job_id, "resuming after restart")
+            self._spawn(job_id, resume=True)
+
+    # ---- one pass --------------------------------------------------------------------------
+    def tick(self) -> None:
+        with self.sessions() as session:
+            self._forward_stops(session)
+            if not self.settings.paused:
+                self._start_queued(session)
+
+    def _forward_stops(self, session: Session) -> None:
+        now = datetime.now(UTC)
+        for job in crud.jobs_in(session, statuses=frozenset({S.CANCELLING, S.RUNNING,
+                                                             S.RECOVERING})):
+            execution = self._executions.get(job.id)
+            if job.status == S.CANCELLING:
+                if execution is not None:
+                    execution.stop("cancelled")
+                else:
+                    self._move(session, job, S.CANCELLED, "cancelled")
+                    session.commit()
+            elif (execution is not None and job.timeout_s is not None
+                  and job.started_at is not None
+                  and (now - job.started_at).total_seconds() > job.timeout_s):
+                execution.stop("timeout")
+
+    def _start_queued(self, session: Session) -> None:
+        free = sorted(set(range(self.settings.cluster_size)) - set(crud.held_systems(session)))
+        for job in crud.queued_jobs(session):
+            # Strict priority + FIFO: the head waits for its systems; nobody overtakes it.
+            if job.num_csx > len(free):
+                return
+            job.systems, free = free[:job.num_csx], free[job.num_csx:]
+            self._move(session, job, S.VALIDATING, f"systems {job.systems} reserved")
+            session.commit()
+            self._spawn(job.id, resume=False)
+
+    # ---- execution threads -----------------------------------------------------------------
+    def _spawn(self, job_id: int, *, resume: bool) -> None:
+        execution = Execution(job_id)
+        with self._executions_lock:
+            self._executions[job_id] = execution
+        threading.Thread(target=self._execute, args=(execution, resume),
+                         name=f"csx-job-{job_id}", daemon=True).start()
+
+    def _execute(self, execution: Execution, resume: bool) -> None:
+        job_id = execution.job_id
+        try:
+            spec, launch_args = self._prepare(job_id, resume)
+            if execution.stop_reason is None:
+                handle = self.launcher(spec, **launch_args)
+                execution.attach(handle)
+                self._started(job_id, handle)
+                result = handle.wait()
+                self._finish(job_id, execution, S.SUCCEEDED, "finished", result=result)
+            else:
+                self._finish(job_id, execution, S.FAILED, "stopped before launch")
+        except Exception as err:
+            # The job boundary: whatever went wrong becomes the job's FAILED reason and log.
+            joblogs.append(self.settings.runs_dir, job_id, traceback.format_exc())
+            self._finish(job_id, execution, S.FAILED, f"{type(err).__name__}: {err}")
+        finally:
+            with self._executions_lock:
+                self._executions.pop(job_id, None)
+            self.wake()
+
+    def _prepare(self, job_id: int, resume: bool) -> tuple[Any, dict[str, Any]]:
+        """VALIDATING → PROVISIONING (deep validation, with torch), or resume as is."""
+        from workers.spec import JobSpec
+
+        with self.sessions() as session:
+            job = self._load(session, job_id)
+            spec = JobSpec.model_validate(job.params)
+            if not resume:
+                try:
+                    from workers.plan import validate_plan
+
+                    job.plan = json.loads(json.dumps(validate_plan(spec, job.num_csx),
+                                                     default=str))
+                except (ValueError, TypeError) as err:
+                    raise ValueError(f"invalid job: {err}") from err
+                self._move(session, job, S.PROVISIONING, "plan validated")
+            model_dir = joblogs.job_dir(self.settings.runs_dir, job.id) / "model"
+            launch_args = {
+                "num_csx": job.num_csx, "mode": job.mode, "model_dir": str(model_dir),
+                "mlflow_run_id": job.mlflow_run_id, "experiment": job.experiment,
+                "parent_run_id": job.study.mlflow_run_id if job.study else None,
+                "progress": lambda event: self._on_progress(job_id, event),
+                "max_failures": job.max_failures,
+                "tracking_uri": self.settings.mlflow_tracking_uri,
+            }
+            session.commit()
+        return spec, launch_args
+
+    def _started(self, job_id: int, handle: Handle) -> None:
+        def apply(session: Session, job: Job) -> None:
+            if handle.run_id and job.mlflow_run_id != handle.run_id:
+                job.mlflow_run_id = handle.run_id
+                job.mlflow_experiment_id = _experiment_id(self.settings, handle.run_id)
+            if job.status in (S.PROVISIONING, S.RECOVERING):
+                self._move(session, job, S.RUNNING, f"worker group of {job.num_csx} started")
+
+        self._apply(job_id, apply)
+
+    def _on_progress(self, job_id: int, event: dict[str, Any]) -> None:
+        event = json.loads(json.dumps(event, default=str))
+        joblogs.append(self.settings.runs_dir, job_id, json.dumps(event))
+
+        def apply(session: Session, job: Job) -> None:
+            if event.get("event") == "recovering":
+                job.failures = int(event.get("failures", job.failures + 1))
+                if job.status == S.RUNNING:
+                    self._move(session, job, S.RECOVERING, f"worker lost: {event.get('error')}")
+                return
+            job.progress = event
+            if job.status == S.RECOVERING:
+                self._move(session, job, S.RUNNING, "worker group back")
+
+        self._apply(job_id, apply)
+
+    def _finish(self, job_id: int, execution: Execution, outcome: JobStatus, message: str,
+                result: dict[str, Any] | None = None) -> None:
+        if execution.stop_reason == "timeout":
+            outcome, message = S.FAILED, "TIMEOUT: the job ran longer than its timeout_s"
+        elif execution.stop_reason == "cancelled":
+            outcome, message = S.CANCELLED, "cancelled"
+
+        def apply(session: Session, job: Job) -> None:
+            if job.status in TERMINAL:
+                return
+            if result is not None:
+                job.result = json.loads(json.dumps(result, default=str))
+            target = outcome
+            if job.status == S.CANCELLING:
+                target = S.CANCELLED
+            elif target is S.CANCELLED:
+                self._move(session, job, S.CANCELLING, message)
+            if target is S.SUCCEEDED and job.status != S.RUNNING:
+                self._move(session, job, S.RUNNING, "resumed")
+            self._move(session, job, target, message)
+
+        joblogs.append(self.settings.runs_dir, job_id, f"{outcome.value}: {message}")
+        self._apply(job_id, apply)
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _apply(self, job_id: int, change: Callable[[Session, Job], None], tries: int = 5) -> None:
+        """Run `change` on a fresh copy of the job and commit; redo it if the API moved the job
+        in between (optimistic locking), so a decision is never based on a stale state."""
+        for attempt in range(tries):
+            with self.sessions() as session:
+                change(session, self._load(session, job_id))
+                try:
+                    session.commit()
+                    return
+                except StaleDataError:
+                    session.rollback()
+                    if attempt == tries - 1:
+                        raise
+
+    def _move(self, session: Session, job: Job, target: JobStatus, message: str) -> None:
+        move(session, job, target, message=message,
+             mlflow_tracking_uri=self.settings.mlflow_tracking_uri)
+
+    @staticmethod
+    def _load(session: Session, job_id: int) -> Job:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise LookupError(f"job {job_id} vanished from the database")
+        return job
+
+
+def _experiment_id(settings: Settings, run_id: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(settings.mlflow_tracking_uri).get_run(run_id).info.experiment_id

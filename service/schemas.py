@@ -1,0 +1,190 @@
+"""Request and response schemas, named by the boundary they cross (Create, Public, Page)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from workers.spec import JobSpec
+
+Mode = Literal["train", "eval", "train_and_eval", "eval_all"]
+StudyAlgorithm = Literal["dense", "static", "set", "rigl", "granet"]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
+TagKey = Annotated[str, StringConstraints(min_length=1, max_length=100)]
+TagValue = Annotated[str, StringConstraints(max_length=1000)]
+
+
+class RunOptions(BaseModel):
+    """What a job needs besides its params; also the extra top-level keys of a YAML body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_csx: int | None = Field(default=None, ge=1, description="default: runconfig.num_csx or 1")
+    mode: Mode = "train"
+    experiment: Name | None = None
+    priority: int = Field(default=0, ge=-1000, le=1000, description="higher starts first")
+    max_failures: int | None = Field(
+        default=None, ge=0, le=100, description="worker failures recovered; default runconfig's"
+    )
+    timeout_s: float | None = Field(default=None, gt=0, le=30 * 86400)
+    tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=50)
+
+
+class JobCreate(RunOptions):
+    name: Name | None = None
+    params: JobSpec
+
+
+class JobPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    experiment: str
+    owner: str
+    status: str
+    status_message: str | None
+    attempt: int
+    failures: int
+    max_failures: int
+    queue_position: int | None
+    num_csx: int
+    mode: str
+    priority: int
+    timeout_s: float | None
+    tags: dict[str, str]
+    systems: list[int]
+    study_id: int | None
+    mlflow_run_id: str | None
+    mlflow_url: str | None
+    progress: dict[str, Any] | None
+    result: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobDetail(JobPublic):
+    params: dict[str, Any]
+    plan: dict[str, Any] | None
+
+
+class JobsPage(BaseModel):
+    data: list[JobPublic]
+    count: int
+    next_cursor: str | None = Field(description="?cursor= for the next page; null at the end")
+
+
+class JobEventPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    from_status: str | None
+    to_status: str
+    message: str | None
+    attempt: int
+    at: datetime
+
+
+class JobEventsPage(BaseModel):
+    data: list[JobEventPublic]
+    count: int
+
+
+class ValidationPublic(BaseModel):
+    valid: bool
+    num_csx: int
+    plan: dict[str, Any]
+
+
+class StudyVariant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    sparsity: Any = Field(description="the variant's `sparsity` section; null for dense")
+
+
+class StudyCreate(RunOptions):
+    name: Name
+    mode: Mode = "train_and_eval"  # a study compares eval perplexities
+    params: JobSpec
+    algorithms: list[StudyAlgorithm] | None = Field(default=None, min_length=1, max_length=16)
+    sparsity: float | None = Field(default=None, description="target level for `algorithms`")
+    variants: list[StudyVariant] | None = Field(default=None, min_length=1, max_length=16)
+
+    @field_validator("sparsity")
+    @classmethod
+    def _level_in_range(cls, value: float | None) -> float | None:
+        if value is not None and (math.isnan(value) or not 0 < value < 1):
+            raise ValueError(f"sparsity must be in (0, 1), got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_to_name_variants(self) -> StudyCreate:
+        if (self.algorithms is None) == (self.variants is None):
+            raise ValueError("give exactly one of `algorithms` (with `sparsity`) or `variants`")
+        if self.algorithms is not None:
+            if len(set(self.algorithms)) != len(self.algorithms):
+                raise ValueError(f"algorithms must be distinct, got {self.algorithms}")
+            if self.sparsity is None and set(self.algorithms) != {"dense"}:
+                raise ValueError("`algorithms` other than dense need `sparsity`")
+        if self.variants is not None and len({v.name for v in self.variants}) != len(self.variants):
+            raise ValueError("variant names must be distinct")
+        return self
+
+
+class StudyPublic(BaseModel):
+    id: int
+    name: str
+    experiment: str
+    status: str = Field(description="RUNNING until every job is terminal, then DONE")
+    mlflow_run_id: str | None
+    mlflow_url: str | None
+    created_at: datetime
+    jobs: list[JobPublic]
+
+
+class StudyReportRow(BaseModel):
+    job_id: int
+    variant: str
+    status: str
+    final_eval_perplexity: float | None
+    best_eval_perplexity: float | None
+    projected_speedup: float | None
+    wall_time_s: float | None
+
+
+class StudyReport(BaseModel):
+    study_id: int
+    complete: bool
+    rows: list[StudyReportRow]
+    png_base64: str | None = Field(description="perplexity curves, PNG; null before any eval")
+
+
+class ClusterSystem(BaseModel):
+    id: int
+    job_id: int | None
+
+
+class ClusterPublic(BaseModel):
+    size: int
+    free: int
+    paused: bool
+    queued: int
+    systems: list[ClusterSystem]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    database: Literal["ok"]
+    scheduler: Literal["running", "stopped"]

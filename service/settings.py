@@ -1,0 +1,62 @@
+"""Service settings: one validated object, read from CSX_* environment variables.
+
+Local defaults need nothing running: SQLite in WAL mode for jobs, a SQLite MLflow store (MLflow 3
+refuses the plain file store unless forced).
+docker-compose.yml overrides them with PostgreSQL, an MLflow server and a Ray cluster.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CSX_", extra="ignore")
+
+    database_url: str = "sqlite:///./csx.db"
+    # Simulated CS-2 systems the scheduler hands out; a job holds num_csx of them until it ends.
+    cluster_size: int = Field(default=4, ge=1, le=1024)
+    runs_dir: Path = Path("./runs")
+    mlflow_tracking_uri: str = "sqlite:///./mlflow.db"
+    mlflow_ui_url: str = "http://127.0.0.1:5000"
+    # Where train_input/eval_input data_dir may point besides "builtin:<name>" data sets.
+    allowed_data_roots: list[Path] = [Path("./data")]
+    # Accept and queue jobs but start none: for load tests and maintenance.
+    paused: bool = False
+    # Create an admin token named "dev" on start and print it (for `make run` on a laptop).
+    dev_token: bool = False
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    scheduler_interval_s: float = Field(default=0.2, gt=0, le=60)
+    # "module:function" with workers.runner.run_job's signature; the executor calls it in a thread.
+    job_runner: str = "workers.runner:run_job"
+    run_migrations_on_start: bool = True
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_postgres_driver(cls, url: str) -> str:
+        # "postgresql://" would pick psycopg2, which is not installed; psycopg 3 is.
+        if url.startswith("postgres://"):
+            url = "postgresql://" + url.removeprefix("postgres://")
+        if url.startswith("postgresql://"):
+            url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+        return url
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _absolute_sqlite_store(cls, uri: str) -> str:
+        # Ray workers may run in another directory; they must write to the same store.
+        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+            return "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+        return uri
+
+    @field_validator("runs_dir")
+    @classmethod
+    def _absolute_runs_dir(cls, path: Path) -> Path:
+        return path.expanduser().resolve()
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")

@@ -1,0 +1,130 @@
+"""The measured dense-vs-CSR rule: a layer runs in CSR only where CSR is predicted faster.
+
+Once per process (per device, dtype, thread count and backend) :func:`calibrate` times a
+forward+backward of a probe layer through ``F.linear`` and through ``csr_linear`` at two
+densities and two sizes, and fits
+
+    dense: t = o_dense + tokens · out · in · s_mac
+    csr:   t = o_csr   + tokens · (nnz · s_nnz + (in + out) · s_feature)
+
+(fixed call overhead, per multiply-accumulate, per non-zero, per activation element packed),
+each from the fastest of REPEATS runs.
+The rule then compares the two predictions for the real shape, density and token count, so
+tiny layers and low sparsity stay dense without any hard-coded threshold.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from simulator.csr import Backend, CSRStructure, csr_linear, resolve_backend
+
+PROBE_FEATURES = 512
+PROBE_TOKENS = 256
+TINY_FEATURES = 8
+TINY_TOKENS = 8
+PROBE_DENSITIES = (0.5, 0.05)
+REPEATS = 5
+
+
+@dataclass(frozen=True)
+class KernelCalibration:
+    """Fitted per-call and per-unit costs in seconds (see the module docstring)."""
+
+    dense_call_s: float
+    dense_s_per_mac: float
+    csr_call_s: float
+    csr_s_per_nnz: float
+    csr_s_per_feature: float
+    backend: str
+    threads: int
+
+    def predict_dense_s(self, out_features: int, in_features: int, tokens: int) -> float:
+        return self.dense_call_s + tokens * out_features * in_features * self.dense_s_per_mac
+
+    def predict_csr_s(self, out_features: int, in_features: int, nnz: int, tokens: int) -> float:
+        return self.csr_call_s + tokens * (nnz * self.csr_s_per_nnz
+                                           + (in_features + out_features) * self.csr_s_per_feature)
+
+    def crossover_density(self, out_features: int, in_features: int, tokens: int) -> float:
+        """Density below which CSR is predicted faster (0 when never, 1 when always)."""
+        dense = self.predict_dense_s(out_features, in_features, tokens)
+        fixed = self.predict_csr_s(out_features, in_features, 0, tokens)
+        per_density = tokens * out_features * in_features * self.csr_s_per_nnz
+        return min(1.0, max(0.0, (dense - fixed) / per_density)) if per_density > 0 else 0.0
+
+
+def _probe(features: int, tokens: int, density: float | None, device: torch.device,
+           dtype: torch.dtype, backend: str) -> Callable[[], None]:
+    """A closure running one forward+backward of the probe layer (dense when density is None)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(features, features, generator=generator, dtype=dtype).to(device)
+    weight.requires_grad_(True)
+    x = torch.randn(tokens, features, generator=generator, dtype=dtype).to(device)
+    x.requires_grad_(True)
+    if density is None:
+        layer = lambda: F.linear(x, weight)  # noqa: E731
+    else:
+        mask = (torch.rand(features, features, generator=generator) < density).to(device)
+        structure = CSRStructure.from_mask(mask)
+        layer = lambda: csr_linear(x, weight, None, structure, backend=backend)  # noqa: E731
+
+    def run() -> None:
+        x.grad = weight.grad = None
+        layer().sum().backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return run
+
+
+def _fastest_times(probes: dict[str, Callable[[], None]]) -> dict[str, float]:
+    """Fastest of REPEATS runs per probe, the probes interleaved so that load from other
+    processes hits all of them alike; the first round only warms up."""
+    best = dict.fromkeys(probes, float("inf"))
+    for round_index in range(REPEATS + 1):
+        for name, run in probes.items():
+            start = time.perf_counter()
+            run()
+            if round_index:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+@functools.cache
+def _calibrate(device: torch.device, dtype: torch.dtype, threads: int,
+               backend: str) -> KernelCalibration:
+    f, t = PROBE_FEATURES, PROBE_TOKENS
+    tiny_f, tiny_t = TINY_FEATURES, TINY_TOKENS
+    high, low = PROBE_DENSITIES
+    times = _fastest_times({
+        "dense_big": _probe(f, t, None, device, dtype, backend),
+        "dense_tiny": _probe(tiny_f, tiny_t, None, device, dtype, backend),
+        "csr_high": _probe(f, t, high, device, dtype, backend),
+        "csr_low": _probe(f, t, low, device, dtype, backend),
+        "csr_tiny": _probe(tiny_f, tiny_t, 0.5, device, dtype, backend),
+    })
+    s_mac = max(0.0, (times["dense_big"] - times["dense_tiny"])
+                / (t * f * f - tiny_t * tiny_f * tiny_f))
+    dense_call = max(0.0, times["dense_tiny"] - tiny_t * tiny_f * tiny_f * s_mac)
+    # A sparse kernel never beats dense GEMM per multiply-add; the floor keeps a timing
+    # disturbed by other processes from turning into "CSR is always faster".
+    s_nnz = max(s_mac, (times["csr_high"] - times["csr_low"]) / (t * f * f * (high - low)))
+    base_big = times["csr_low"] - t * f * f * low * s_nnz     # = o_csr + t · 2f · s_feature
+    base_tiny = times["csr_tiny"] - tiny_t * tiny_f * tiny_f * 0.5 * s_nnz
+    s_feature = max(0.0, (base_big - base_tiny) / (t * 2 * f - tiny_t * 2 * tiny_f))
+    csr_call = max(0.0, base_tiny - tiny_t * 2 * tiny_f * s_feature)
+    return KernelCalibration(dense_call, s_mac, csr_call, s_nnz, s_feature, backend, threads)
+
+
+def calibrate(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+              backend: Backend = "auto") -> KernelCalibration:
+    """Measure (once per process and setting; cached) the costs the crossover rule uses."""
+    device = torch.device(device)
+    resolved, _ = resolve_backend(backend, torch.empty(0, device=device, dtype=dtype))
+    return _calibrate(device, dtype, torch.get_num_threads(), resolved)

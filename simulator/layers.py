@@ -1,0 +1,182 @@
+"""CSR layers on a live model: ``compile_model`` (``simulator.compile``) swaps masked ``nn.Linear`` for :class:`CSRLinear`.
+
+The CSR layer holds the very same ``weight``/``bias`` Parameters and ``weight_mask`` buffer as the
+linear layer it replaces, under the same attribute names, so optimizers, sparsity algorithms
+(which update the mask in place with ``copy_``) and state_dict keys are unchanged. It watches the
+mask's version counter and rebuilds its CSR structure after every mask update (the rebuild time
+is recorded), re-running the dense-vs-CSR rule of ``simulator.crossover`` for the new density.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from simulator.crossover import KernelCalibration, calibrate
+from simulator.csr import BACKENDS, Backend, CSRStructure, csr_linear
+
+logger = logging.getLogger(__name__)
+
+KernelPolicy = Literal["auto", "csr", "dense"]
+KERNEL_POLICIES = ("auto", "csr", "dense")
+# Module hook tables shared (same dict objects) with the replaced layer, so hooks registered on
+# it keep firing and their handles can still remove them.
+SHARED_HOOK_TABLES = ("_forward_hooks", "_forward_hooks_with_kwargs",
+                      "_forward_hooks_always_called", "_forward_pre_hooks",
+                      "_forward_pre_hooks_with_kwargs")
+
+
+@dataclass(frozen=True)
+class LayerDecision:
+    """Which kernel a layer runs and why, as of its last mask change."""
+
+    name: str
+    shape: tuple[int, int]
+    density: float
+    kernel: Literal["csr", "dense"]
+    why: str
+    tokens: int
+    rebuilds: int
+    last_rebuild_ms: float
+
+
+class CSRLinear(nn.Module):
+    """A masked linear layer executed in CSR (or dense, where the measured rule says so)."""
+
+    def __init__(self, linear: nn.Linear, *, name: str = "", algorithm: Any = None,
+                 kernel: KernelPolicy = "auto", backend: Backend = "auto",
+                 tokens_hint: int = 512, calibration: KernelCalibration | None = None) -> None:
+        super().__init__()
+        mask = linear._buffers.get("weight_mask")
+        if mask is None:
+            raise ValueError(f"{name or 'layer'}: CSRLinear needs a `weight_mask` buffer")
+        if mask.shape != linear.weight.shape or mask.dtype != torch.bool:
+            raise ValueError(f"{name}: weight_mask must be bool with the weight's shape "
+                             f"{tuple(linear.weight.shape)}, got {mask.dtype} "
+                             f"{tuple(mask.shape)}")
+        if kernel not in KERNEL_POLICIES:
+            raise ValueError(f"kernel must be one of {KERNEL_POLICIES}, got {kernel!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.name, self.algorithm, self.policy, self.backend = name, algorithm, kernel, backend
+        self.calibration = calibration
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.register_buffer("weight_mask", mask,
+                             persistent="weight_mask" not in linear._non_persistent_buffers_set)
+        for table in SHARED_HOOK_TABLES:
+            setattr(self, table, getattr(linear, table))
+        self._mask_key: tuple[int, int, int] | None = None
+        self._structure: CSRStructure | None = None
+        self._tokens = tokens_hint
+        self.rebuilds = 0
+        self.decision: LayerDecision | None = None
+        self.refresh(tokens_hint)
+
+    def extra_repr(self) -> str:
+        kernel = self.decision.kernel if self.decision else "?"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, kernel={kernel}")
+
+    def refresh(self, tokens: int) -> LayerDecision:
+        """Re-read the mask: density, kernel choice and (for csr) the CSR structure."""
+        mask = self.weight_mask
+        density = float(mask.sum()) / mask.numel()
+        kernel, why = self._choose(density, tokens)
+        rebuild_ms = 0.0
+        self._structure = None
+        if kernel == "csr":
+            start = time.perf_counter()
+            self._structure = CSRStructure.from_mask(mask)
+            rebuild_ms = (time.perf_counter() - start) * 1e3
+        self._mask_key = (id(mask), mask._version, mask.data_ptr())
+        self._tokens = tokens
+        self.rebuilds += 1
+        self.decision = LayerDecision(self.name, (self.out_features, self.in_features), density,
+                                      kernel, why, tokens, self.rebuilds, rebuild_ms)
+        logger.info("simulator: %s %s density=%.4f -> %s (%s; rebuild %.2f ms)", self.name,
+                    self.decision.shape, density, kernel, why, rebuild_ms)
+        return self.decision
+
+    def _choose(self, density: float, tokens: int) -> tuple[Literal["csr", "dense"], str]:
+        if self.policy != "auto":
+            return self.policy, f"forced by kernel={self.policy!r}"
+        if density == 1.0:
+            return "dense", "mask keeps every weight"
+        cal = self.calibration or calibrate(self.weight.device, self.weight.dtype, self.backend)
+        nnz = round(density * self.out_features * self.in_features)
+        csr_s = cal.predict_csr_s(self.out_features, self.in_features, nnz, tokens)
+        dense_s = cal.predict_dense_s(self.out_features, self.in_features, tokens)
+        kernel = "csr" if csr_s < dense_s else "dense"
+        return kernel, (f"predicted fwd+bwd csr {csr_s * 1e3:.3g} ms vs dense "
+                        f"{dense_s * 1e3:.3g} ms at {tokens} tokens (calibrated {cal.backend}, "
+                        f"{cal.threads} threads; crossover density "
+                        f"{cal.crossover_density(self.out_features, self.in_features, tokens):.3f})")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = self.weight_mask
+        if self._mask_key != (id(mask), mask._version, mask.data_ptr()):
+            self.refresh(max(1, x.numel() // self.in_features))
+        if self._structure is None:
+            return F.linear(x, self.weight, self.bias)
+        dense_grad = bool(torch.is_grad_enabled() and self.algorithm is not None
+                          and self.algorithm.needs_dense_grad())
+        weight, bias = self.weight, self.bias
+        if torch.is_autocast_enabled(x.device.type):
+            # The CSR kernels run in the parameters' precision; autocast casts downstream ops.
+            with torch.autocast(x.device.type, enabled=False):
+                return csr_linear(x.to(weight.dtype), weight, bias, self._structure,
+                                  dense_grad=dense_grad, backend=self.backend)
+        return csr_linear(x, weight, bias, self._structure, dense_grad=dense_grad,
+                          backend=self.backend)
+
+
+def _check_algorithm(algorithm: Any) -> None:
+    if algorithm is not None and not callable(getattr(algorithm, "needs_dense_grad", None)):
+        raise TypeError("algorithm must provide needs_dense_grad() -> bool (a sparsity "
+                        f"algorithm) or be None, got {type(algorithm).__name__}")
+
+
+def compile_model(model: nn.Module, algorithm: Any = None, *, kernel: KernelPolicy = "auto",
+            backend: Backend = "auto", tokens: int = 512,
+            calibration: KernelCalibration | None = None) -> nn.Module:
+    """Swap every masked ``nn.Linear`` of `model` (in place) for a :class:`CSRLinear`.
+
+    Call it after ``algorithm.apply(model)`` so the masks exist. `algorithm` tells the layers
+    when a dense weight gradient is needed (``needs_dense_grad()``); `kernel` forces "csr" or
+    "dense" instead of the measured rule; `tokens` is the batch size in tokens assumed for the
+    first decision (later ones use the real batch); `calibration` replaces the per-process
+    measurement of ``simulator.crossover.calibrate`` (e.g. for reproducible decisions). Returns the model (or the CSR layer when
+    `model` itself is a masked linear layer).
+    """
+    _check_algorithm(algorithm)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be a positive int, got {tokens!r}")
+    options = dict(algorithm=algorithm, kernel=kernel, backend=backend, tokens_hint=tokens,
+                   calibration=calibration)
+    if _is_masked_linear(model):
+        return CSRLinear(model, name="", **options)
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if _is_masked_linear(child):
+                full_name = f"{name}.{child_name}" if name else child_name
+                setattr(module, child_name, CSRLinear(child, name=full_name, **options))
+    return model
+
+
+def _is_masked_linear(module: nn.Module) -> bool:
+    return (isinstance(module, nn.Linear) and "weight_mask" in module._buffers
+            and not getattr(module, "requires_dense", False))
+
+
+def decisions(model: nn.Module) -> list[LayerDecision]:
+    """The current kernel decision of every CSR layer in `model`, in module order."""
+    return [module.decision for module in model.modules()
+            if isinstance(module, CSRLinear) and module.decision is not None]

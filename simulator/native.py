@@ -1,0 +1,161 @@
+"""Build, cache and call the C kernels in ``_kernels.c`` (see that file for the layout).
+
+The library is compiled with the system C compiler on first use and cached under
+``$CSX_KERNEL_CACHE`` (default ``~/.cache/csx-sparse``), keyed by the source, the flags and the
+CPU's feature flags, so a fresh machine builds it once (about half a second) and a machine with a
+different CPU never loads a binary built for another one. When no compiler is available or the
+build fails, :func:`load_kernels` logs a warning once and returns None; callers then use torch's
+own sparse ops (see ``simulator.csr``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE_PATH = Path(__file__).with_name("_kernels.c")
+# Tried in order; the second set is for compilers or CPUs that reject -march=native.
+FLAG_SETS = (
+    ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC", "-pthread"),
+    ("-O3", "-ffp-contract=fast", "-shared", "-fPIC", "-pthread"),
+)
+COMPILE_TIMEOUT_S = 120
+# Starting a pthread costs tens of microseconds, about this many multiply-adds: smaller calls
+# run on the calling thread alone.
+WORK_PER_EXTRA_THREAD = 1 << 18
+SUFFIX_BY_DTYPE = {torch.float32: "f32", torch.float64: "f64"}
+
+_build_lock = threading.Lock()
+
+
+def _cpu_signature() -> str:
+    """CPU model and feature flags: a binary built with -march=native is only valid on a match."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine() + platform.processor()
+    wanted = [line for line in lines if line.startswith(("flags", "model name", "Features"))]
+    return platform.machine() + "".join(sorted(set(wanted)))
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("CSX_KERNEL_CACHE", Path.home() / ".cache" / "csx-sparse"))
+
+
+def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *flags, "-o", tmp_name, str(SOURCE_PATH)], check=True,
+                       capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        os.replace(tmp_name, target)  # atomic: concurrent processes never see a partial file
+    finally:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+
+
+class KernelLibrary:
+    """Typed wrappers around the compiled kernels. Tensors must be contiguous CPU tensors."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lib = ctypes.CDLL(str(path))
+        self.block_tokens: int = self._lib.csx_block_tokens()
+        ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        for suffix in SUFFIX_BY_DTYPE.values():
+            getattr(self._lib, f"csx_pack_{suffix}").argtypes = [ptr, i64, i64, ptr, i32]
+            getattr(self._lib, f"csx_unpack_{suffix}").argtypes = [ptr, i64, i64, ptr, i32]
+            getattr(self._lib, f"csx_spmm_{suffix}").argtypes = [
+                ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32]
+            getattr(self._lib, f"csx_sddmm_{suffix}").argtypes = [
+                ptr, ptr, i64, i64, ptr, ptr, i64, ptr, i32]
+
+    @staticmethod
+    def threads_for(work: int) -> int:
+        return max(1, min(torch.get_num_threads(), work // WORK_PER_EXTRA_THREAD))
+
+    @staticmethod
+    def supports(tensor: torch.Tensor) -> bool:
+        return tensor.device.type == "cpu" and tensor.dtype in SUFFIX_BY_DTYPE
+
+    def _fn(self, name: str, dtype: torch.dtype):
+        return getattr(self._lib, f"csx_{name}_{SUFFIX_BY_DTYPE[dtype]}")
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded."""
+        tokens, features = x.shape
+        blocks = -(-tokens // self.block_tokens)
+        packed = torch.empty(blocks, features, self.block_tokens, dtype=x.dtype)
+        self._fn("pack", x.dtype)(x.data_ptr(), tokens, features, packed.data_ptr(),
+                                  self.threads_for(x.numel()))
+        return packed
+
+    def spmm(self, indptr: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor,
+             bias: torch.Tensor | None, in_features: int, packed_x: torch.Tensor,
+             tokens: int) -> torch.Tensor:
+        """Y = X Aᵀ (+ bias), token-major [tokens, rows], for the CSR matrix A = (indptr, cols,
+        vals) and X packed by :meth:`pack` from `tokens` tokens."""
+        rows = indptr.numel() - 1
+        blocks = packed_x.shape[0]
+        packed_y = torch.empty(blocks, rows, self.block_tokens, dtype=packed_x.dtype)
+        self._fn("spmm", packed_x.dtype)(
+            indptr.data_ptr(), cols.data_ptr(), vals.data_ptr(),
+            None if bias is None else bias.data_ptr(), rows, in_features,
+            packed_x.data_ptr(), blocks, packed_y.data_ptr(),
+            self.threads_for(cols.numel() * blocks * self.block_tokens))
+        out = torch.empty(tokens, rows, dtype=packed_x.dtype)
+        self._fn("unpack", packed_x.dtype)(packed_y.data_ptr(), tokens, rows, out.data_ptr(),
+                                           self.threads_for(out.numel()))
+        return out
+
+    def sddmm(self, indptr: torch.Tensor, cols: torch.Tensor, in_features: int,
+              packed_grad: torch.Tensor, packed_x: torch.Tensor) -> torch.Tensor:
+        """Values of Gᵀ X at the non-zeros of (indptr, cols), in CSR order."""
+        rows = indptr.numel() - 1
+        out = torch.empty(cols.numel(), dtype=packed_x.dtype)
+        self._fn("sddmm", packed_x.dtype)(
+            indptr.data_ptr(), cols.data_ptr(), rows, in_features, packed_grad.data_ptr(),
+            packed_x.data_ptr(), packed_x.shape[0], out.data_ptr(),
+            self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
+        return out
+
+
+@functools.cache
+def load_kernels() -> KernelLibrary | None:
+    """The compiled kernels, building them on first use; None (logged once) when impossible."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or not SOURCE_PATH.exists():
+        logger.warning("simulator: no C compiler or kernel source; CSR layers use torch sparse "
+                       "ops, which are slower (see bench/csr_linear.py)")
+        return None
+    source = SOURCE_PATH.read_bytes()
+    errors = []
+    with _build_lock:
+        for flags in FLAG_SETS:
+            key = hashlib.sha256(source + " ".join(flags).encode() + compiler.encode()
+                                 + _cpu_signature().encode()).hexdigest()[:16]
+            target = _cache_dir() / f"csx_kernels-{key}.so"
+            try:
+                if not target.exists():
+                    _compile(compiler, flags, target)
+                return KernelLibrary(target)
+            except (OSError, subprocess.SubprocessError) as error:
+                detail = getattr(error, "stderr", "") or str(error)
+                errors.append(f"{' '.join(flags)}: {detail.strip()[:500]}")
+    logger.warning("simulator: building the CSR kernels failed; CSR layers use torch sparse ops. "
+                   "%s", " | ".join(errors))
+    return None

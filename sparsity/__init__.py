@@ -1,0 +1,54 @@
+"""csx-sparse's sparsity library: the Cerebras ``cstorch.sparse`` API on plain PyTorch."""
+
+from . import checkpoint, optim, schedules
+from .algorithms import GMP, SET, GraNet, RigL, Static
+from .base import (
+    DEFAULT_PARAM_FILTER,
+    DynamicSparsityAlgorithm,
+    SparsityAlgorithm,
+    algorithm_names,
+    get_algorithm_class,
+)
+from .config import configure, configure_sparsity_wrapper
+from .group import Group
+from .masks import (
+    FirstTieBreaker,
+    InputGroupScoreShaper,
+    OutputGroupScoreShaper,
+    RandomTieBreaker,
+    ScoreFlattener,
+    drop_minimum,
+    grow_maximum,
+    keep_count,
+    keep_top_active,
+    topk_mask,
+)
+
+__all__ = [
+    "SparsityAlgorithm",
+    "DynamicSparsityAlgorithm",
+    "Static",
+    "GMP",
+    "SET",
+    "RigL",
+    "GraNet",
+    "Group",
+    "configure",
+    "configure_sparsity_wrapper",
+    "checkpoint",
+    "DEFAULT_PARAM_FILTER",
+    "algorithm_names",
+    "get_algorithm_class",
+    "optim",
+    "schedules",
+    "ScoreFlattener",
+    "OutputGroupScoreShaper",
+    "InputGroupScoreShaper",
+    "FirstTieBreaker",
+    "RandomTieBreaker",
+    "keep_count",
+    "topk_mask",
+    "keep_top_active",
+    "drop_minimum",
+    "grow_maximum",
+]

@@ -1,0 +1,47 @@
+"""Rigging the Lottery (Evci et al. 2020, arXiv:1911.11134)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..masks import InputGroupScoreShaper, OutputGroupScoreShaper
+from .set import SET
+
+
+class RigL(SET):
+    """SET with growth by the largest |dense gradient| of the masked weight.
+
+    The dense gradient is captured before masking on update steps only (summed over the
+    micro-batches since zero_grad, all-reduced first under data parallelism). The paper's cosine
+    drop fraction: ``drop_fraction={"type": "cosine", "init": 0.3, "half_period": T_end}``.
+    ``balance_out_groups=n`` / ``balance_in_groups=n`` keep an equal count per group of rows /
+    columns (e.g. per attention head).
+    """
+
+    grows_by_gradient = True
+
+    def __init__(
+        self,
+        sparsity: Any = None,
+        *,
+        update: Any = None,
+        drop_fraction: Any = 0.3,
+        balance_in_groups: int | None = None,
+        balance_out_groups: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(sparsity, update=update, drop_fraction=drop_fraction, **kwargs)
+        for field, value in (("balance_in_groups", balance_in_groups), ("balance_out_groups", balance_out_groups)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{field} must be a positive int, got {value!r}")
+        if balance_in_groups and balance_out_groups:
+            raise ValueError("set at most one of balance_in_groups and balance_out_groups")
+        if balance_out_groups:
+            self.shaper = OutputGroupScoreShaper(balance_out_groups)
+        elif balance_in_groups:
+            self.shaper = InputGroupScoreShaper(balance_in_groups)
+
+    def grow_score(self, p: torch.nn.Parameter) -> torch.Tensor:
+        return self.dense_grad(p).abs()

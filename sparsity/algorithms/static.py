@@ -1,0 +1,12 @@
+"""Static sparsity: a mask chosen at apply time (random, top-k, ...) that never changes."""
+
+from __future__ import annotations
+
+from ..base import SparsityAlgorithm
+
+
+class Static(SparsityAlgorithm):
+    """Fixed mask with an exact count; created by ``apply(model)``, no initialize step needed."""
+
+    def update(self) -> None:
+        """Nothing changes after initialisation; weights are re-masked by the step hooks."""

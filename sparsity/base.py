@@ -1,0 +1,469 @@
+"""The sparsity lifecycle: masks on a model, hooks on optimizers, a step counter, metrics, state.
+
+``SparsityAlgorithm`` owns everything but the mask rule; ``DynamicSparsityAlgorithm`` adds the
+update cadence and asks subclasses for one method, ``update_mask(p, mask, sparsity)``.
+
+Per optimizer step t (any ``torch.optim`` optimizer, through its step hooks):
+
+* pre-step: on an update step of a gradient-growing algorithm the dense gradient is captured,
+  then gradients are masked (``masked_fill``, so NaN/inf at pruned positions become 0) and every
+  optimizer state tensor of the parameter's shape is masked;
+* post-step: weights and state are masked again, the counter becomes t, and if t is an update
+  step the masks change now and are used from forward t+1.
+
+Randomness comes from generators seeded by (seed, step, parameter name), never the global RNG, so
+masks are identical on every run and every data-parallel replica, and no RNG state needs saving.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import sys
+import zlib
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .distributions import get_distribution
+from .init_methods import INIT_METHODS
+from .masks import RandomTieBreaker
+from .stats import MaskStats
+from .schedules import Schedule, make_schedule, make_update_schedule
+
+__all__ = [
+    "SparsityAlgorithm",
+    "DynamicSparsityAlgorithm",
+    "SparseParam",
+    "DEFAULT_PARAM_FILTER",
+    "get_algorithm_class",
+    "algorithm_names",
+    "make_param_filter",
+]
+
+ParamFilter = Callable[[str, torch.Tensor], bool]
+_EXCLUDED_WORDS = ("embedding", "norm", "lm_head")
+
+
+def DEFAULT_PARAM_FILTER(name: str, param: torch.Tensor) -> bool:  # noqa: N802 (a constant-like callable)
+    """Matrices only, and not embeddings, norms or the output head."""
+    lowered = name.lower()
+    return param.dim() > 1 and not any(word in lowered for word in _EXCLUDED_WORDS)
+
+
+def make_param_filter(spec: None | str | Iterable[str] | ParamFilter) -> ParamFilter:
+    """``None`` → the default filter; a glob or list of globs (fnmatch, full name); a callable."""
+    if spec is None:
+        return DEFAULT_PARAM_FILTER
+    if callable(spec):
+        return spec
+    globs = [spec] if isinstance(spec, str) else list(spec)
+    if not globs or not all(isinstance(g, str) for g in globs):
+        raise ValueError(f"param_filter must be a glob, a list of globs or a callable, got {spec!r}")
+    return lambda name, _param: any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+def _mixed_seed(*parts: int | str) -> int:
+    """A 63-bit seed from ints and strings, stable across processes (unlike ``hash(str)``)."""
+    value = 0x9E3779B97F4A7C15
+    for part in parts:
+        word = zlib.crc32(part.encode()) if isinstance(part, str) else int(part)
+        value = (value * 6364136223846793005 + word + 1442695040888963407) % (1 << 63)
+    return value
+
+
+@dataclass(eq=False)
+class SparseParam:
+    """A masked parameter: its name relative to the model root and the module holding the mask."""
+
+    name: str
+    param: nn.Parameter
+    module: nn.Module
+    mask_name: str
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.module._buffers[self.mask_name]
+
+
+class SparsityAlgorithm(ABC):
+    """Base of every algorithm. Subclasses register by lowercase class name and override
+    :meth:`update`, which runs after every optimizer step while ``autoupdate`` is on."""
+
+    registry: ClassVar[dict[str, type[SparsityAlgorithm]]] = {}
+    grows_by_gradient: ClassVar[bool] = False
+    registered: ClassVar[bool] = True  # containers such as Group set False: not an algorithm name
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("registered", True):
+            SparsityAlgorithm.registry[cls.__name__.lower()] = cls
+
+    def __init__(
+        self,
+        sparsity: Any = None,
+        *,
+        param_filter: None | str | Iterable[str] | ParamFilter = None,
+        init_method: str | Callable[..., torch.Tensor] = "random",
+        distribution: str = "uniform",
+        seed: int = 0,
+    ) -> None:
+        if sparsity is None:
+            raise ValueError(f"{type(self).__name__}: 'sparsity' is required")
+        self.sparsity: Schedule = make_schedule(sparsity, period=self._schedule_period())
+        if isinstance(sparsity, (int, float)):
+            _check_level("sparsity", float(sparsity))
+        self.param_filter = make_param_filter(param_filter)
+        if not callable(init_method) and init_method not in INIT_METHODS:
+            raise ValueError(f"unknown init_method {init_method!r}; known: {sorted(INIT_METHODS)}")
+        self.init_method = init_method
+        self.distribution = get_distribution(distribution)
+        self.distribution_name = distribution
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.seed = seed
+        self.step = 0
+        self.autoupdate = True
+        self._params: list[SparseParam] = []
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._handles: list[RemovableHandle] = []
+        self._target_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._computed_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._dense_grads: dict[nn.Parameter, torch.Tensor] = {}
+        self._grads_prepared = False
+        self._targets: dict[str, float] = {}
+        self.stats = MaskStats()
+
+    def _schedule_period(self) -> int:
+        return 1
+
+    # ----------------------------------------------------------------------------- attaching
+    def apply(self, obj: nn.Module | torch.optim.Optimizer) -> None:
+        """Attach to a model (create masks and apply them) or to an optimizer (step hooks)."""
+        if isinstance(obj, nn.Module):
+            self._attach_model(obj)
+        elif isinstance(obj, torch.optim.Optimizer):
+            self._attach_optimizer(obj)
+        else:
+            raise TypeError(f"apply() takes an nn.Module or a torch.optim.Optimizer, got {type(obj).__name__}")
+
+    def __call__(self, module: nn.Module) -> None:
+        # nn.Module.apply(fn) calls fn on every submodule bottom-up and on the root last; masks
+        # must be named relative to that root, so act once, on the outermost module being applied.
+        if module is _outermost_apply_root(module):
+            self.apply(module)
+
+    def _claims(self, name: str, param: nn.Parameter, module: nn.Module) -> bool:
+        if getattr(param, "requires_dense", False) or getattr(module, "requires_dense", False):
+            return False
+        return bool(self.param_filter(name, param))
+
+    def _attach_model(self, model: nn.Module) -> None:
+        seen: set[int] = set()
+        params: list[SparseParam] = []
+        for module_name, module in model.named_modules():
+            for pname, param in module.named_parameters(recurse=False):
+                name = f"{module_name}.{pname}" if module_name else pname
+                if id(param) in seen or not self._claims(name, param, module):
+                    continue
+                seen.add(id(param))
+                params.append(SparseParam(name, param, module, f"{pname}_mask"))
+        self._params = params
+        targets = self.layer_targets(self.step)
+        for sp in params:
+            if sp.mask_name not in sp.module._buffers:  # a loaded or re-applied mask is kept
+                mask = self._initial_mask(sp, targets[sp.name])
+                sp.module.register_buffer(sp.mask_name, mask, persistent=True)
+            self.stats.track(sp.name, sp.mask)
+        self._record_targets(targets)
+        self.mask_weights()
+        self._notify_computed()
+
+    def _attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        if any(opt is optimizer for opt in self._optimizers):
+            return
+        self._optimizers.append(optimizer)
+        self._handles.append(optimizer.register_step_pre_hook(self._before_step))
+        self._handles.append(optimizer.register_step_post_hook(self._after_step))
+
+    def sparse_parameters(self) -> list[tuple[str, nn.Parameter, torch.Tensor]]:
+        return [(sp.name, sp.param, sp.mask) for sp in self._params]
+
+    # ------------------------------------------------------------------------------ masking
+    @torch.no_grad()
+    def mask_weights(self) -> None:
+        for sp in self._params:
+            sp.param.masked_fill_(~sp.mask, 0)
+
+    @torch.no_grad()
+    def _mask_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        for sp in self._params:
+            for value in optimizer.state.get(sp.param, {}).values():
+                if _is_state_like(value, sp.param):
+                    value.masked_fill_(~sp.mask, 0)
+
+    @torch.no_grad()
+    def mask_gradients(self) -> None:
+        """Capture dense gradients if the next step grows by gradient, then zero masked gradients.
+
+        Call it before gradient clipping so the norm ignores pruned positions; the optimizer
+        pre-step hook calls it otherwise. Gradients are summed over micro-batches since zero_grad.
+        """
+        if self.needs_dense_grad():
+            self._dense_grads = {
+                sp.param: sp.param.grad.detach().clone()
+                if sp.param.grad is not None
+                else torch.zeros_like(sp.param)
+                for sp in self._params
+            }
+        for sp in self._params:
+            if sp.param.grad is not None:
+                sp.param.grad.masked_fill_(~sp.mask, 0)
+        self._grads_prepared = True
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self._grads_prepared:
+            self.mask_gradients()
+        self._mask_optimizer_state(optimizer)
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if optimizer is self._optimizers[0]:  # several optimizers: the first one counts steps
+            self.step += 1
+            self._grads_prepared = False
+            if self.autoupdate:
+                self.update()
+            self._dense_grads = {}
+        self.mask_weights()
+        self._mask_optimizer_state(optimizer)
+
+    @torch.no_grad()
+    def reset_positions(self, param: nn.Parameter, positions: torch.Tensor) -> None:
+        """Zero weight and same-shaped optimizer state at ``positions``: entries an update regrows
+        after dropping them in the same update start from zero like any grown entry."""
+        param.masked_fill_(positions, 0)
+        for optimizer in self._optimizers:
+            for value in optimizer.state.get(param, {}).values():
+                if _is_state_like(value, param):
+                    value.masked_fill_(positions, 0)
+
+    # ------------------------------------------------------------------------- the schedule
+    def is_update_step(self, step: int) -> bool:
+        return False
+
+    def needs_dense_grad(self) -> bool:
+        """True iff the next optimizer step updates masks from the dense gradient."""
+        return self.grows_by_gradient and self.is_update_step(self.step + 1)
+
+    def target_sparsity(self, step: int) -> float:
+        value = float(self.sparsity(step))
+        _check_level("sparsity", value, step)
+        return value
+
+    def layer_targets(self, step: int) -> dict[str, float]:
+        """Per-parameter sparsity at ``step``: the global target spread by the distribution."""
+        shapes = {sp.name: tuple(sp.param.shape) for sp in self._params}
+        return self.distribution(shapes, self.target_sparsity(step)) if shapes else {}
+
+    @abstractmethod
+    def update(self) -> None:
+        """Called after every optimizer step (``self.step`` already advanced) while autoupdate."""
+
+    # ------------------------------------------------------------------------- init and rng
+    def generator(self, param: nn.Parameter | str, step: int | None = None) -> torch.Generator:
+        """A generator seeded by (seed, step, parameter name): deterministic on every replica."""
+        name = param if isinstance(param, str) else self._name_of(param)
+        seed = _mixed_seed(self.seed, self.step if step is None else step, name)
+        return torch.Generator().manual_seed(seed)
+
+    def tie_breaker(self, param: nn.Parameter) -> RandomTieBreaker:
+        name = self._name_of(param)
+        return RandomTieBreaker(_mixed_seed(self.seed, self.step, name, "ties"))
+
+    def dense_grad(self, param: nn.Parameter) -> torch.Tensor:
+        """The dense gradient captured before masking on this update step."""
+        try:
+            return self._dense_grads[param]
+        except KeyError:
+            raise RuntimeError(
+                f"no dense gradient captured for {self._name_of(param)!r}: gradient-growing "
+                "algorithms update inside optimizer.step() after a backward pass"
+            ) from None
+
+    def _name_of(self, param: nn.Parameter) -> str:
+        for sp in self._params:
+            if sp.param is param:
+                return sp.name
+        raise KeyError("parameter is not managed by this algorithm")
+
+    def _initial_mask(self, sp: SparseParam, sparsity: float) -> torch.Tensor:
+        method = self.init_method
+        generator = self.generator(sp.name, step=0)
+        if callable(method):
+            mask = method(sp.param.detach(), sparsity, generator)
+        else:
+            mask = INIT_METHODS[method](sp.param.detach(), sparsity, generator)
+        if mask.shape != sp.param.shape:
+            raise ValueError(f"init_method returned shape {tuple(mask.shape)} for {sp.name} {tuple(sp.param.shape)}")
+        return mask.to(dtype=torch.bool, device=sp.param.device)
+
+    # --------------------------------------------------------------------- hooks and metrics
+    def register_target_sparsity_hook(self, hook: Callable[[SparsityAlgorithm, str, float], None]) -> RemovableHandle:
+        handle = RemovableHandle(self._target_hooks)
+        self._target_hooks[handle.id] = hook
+        return handle
+
+    def register_computed_sparsity_hook(self, hook: Callable[[SparsityAlgorithm, str, float], None]) -> RemovableHandle:
+        handle = RemovableHandle(self._computed_hooks)
+        self._computed_hooks[handle.id] = hook
+        return handle
+
+    def _record_targets(self, targets: dict[str, float]) -> None:
+        self._targets.update(targets)
+        for hook in self._target_hooks.values():
+            for name, value in targets.items():
+                hook(self, name, value)
+
+    def _notify_computed(self) -> None:
+        if not self._computed_hooks:
+            return
+        for sp in self._params:
+            actual = 1.0 - sp.mask.sum().item() / sp.mask.numel()
+            for hook in self._computed_hooks.values():
+                hook(self, sp.name, actual)
+
+    def metrics(self) -> dict[str, float]:
+        """MLflow-ready metrics: per-parameter target/actual, global sparsity, last update stats."""
+        out: dict[str, float] = {}
+        kept = total = 0
+        for sp in self._params:
+            nnz, numel = int(sp.mask.sum()), sp.mask.numel()
+            kept, total = kept + nnz, total + numel
+            out[f"sparsity/{sp.name}/target"] = self._targets.get(sp.name, float("nan"))
+            out[f"sparsity/{sp.name}/actual"] = 1.0 - nnz / numel
+        if total:
+            out["sparsity/global"] = 1.0 - kept / total
+        out.update(MaskStats.metrics([self.stats]))
+        return out
+
+    # ----------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data: step, seed, last targets, mask statistics (ITOP union, last update).
+
+        Schedules are functions of the step and generators are derived from (seed, step, name),
+        so step + seed restore every schedule and random stream exactly.
+        """
+        return {
+            "algorithm": type(self).__name__.lower(),
+            "step": self.step,
+            "seed": self.seed,
+            "targets": dict(self._targets),
+            "stats": self.stats.state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)  # never mutate the caller's dict (reference bug 2)
+        expected = type(self).__name__.lower()
+        if state.get("algorithm") != expected:
+            raise ValueError(f"state_dict is for {state.get('algorithm')!r}, not {expected!r}")
+        self.step = int(state["step"])
+        self.seed = int(state["seed"])
+        self._targets = dict(state["targets"])
+        self.stats.load_state_dict(state["stats"])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(sparsity={self.sparsity!r}, step={self.step})"
+
+
+class DynamicSparsityAlgorithm(SparsityAlgorithm):
+    """Masks that change on update steps. Subclasses override :meth:`update_mask` only."""
+
+    def __init__(self, sparsity: Any = None, *, update: Any = None, **kwargs: Any) -> None:
+        if update is None:
+            raise ValueError(
+                f"{type(self).__name__}: 'update' is required (e.g. {{'freq': 100, 'stop': 3000}}); "
+                "use Static for masks that never change"
+            )
+        self.update_schedule = make_update_schedule(update)
+        super().__init__(sparsity, **kwargs)
+
+    def _schedule_period(self) -> int:
+        return self.update_schedule.period
+
+    def is_update_step(self, step: int) -> bool:
+        return self.update_schedule(step)
+
+    def update_targets(self, step: int) -> dict[str, float]:
+        """Per-parameter targets used by an update; GraNet overrides it for global pruning."""
+        return self.layer_targets(step)
+
+    @abstractmethod
+    def update_mask(self, p: nn.Parameter, mask: torch.Tensor, sparsity: float) -> torch.Tensor:
+        """Return the new bool mask of ``p`` at target ``sparsity`` (exact count expected)."""
+
+    @torch.no_grad()
+    def update(self, force: bool = False) -> None:
+        """Update every mask if this step is an update step (or ``force``); masks change in place."""
+        if not (force or self.is_update_step(self.step)):
+            return
+        targets = self.update_targets(self.step)
+        self._record_targets(targets)
+        old = {sp.name: sp.mask.clone() for sp in self._params}
+        for sp in self._params:
+            sp.mask.copy_(self.update_mask(sp.param, sp.mask, targets[sp.name]))
+        # Entries inactive before the update already hold weight 0 and zero state (masked after
+        # every step); update_mask resets the ones it regrows after dropping them. Dropped ones
+        # are zeroed everywhere now, their leftover gradient included.
+        self.mask_weights()
+        for sp in self._params:
+            if sp.param.grad is not None:
+                sp.param.grad.masked_fill_(~sp.mask, 0)
+        for optimizer in self._optimizers:
+            self._mask_optimizer_state(optimizer)
+        self.stats.record(old, {sp.name: sp.mask for sp in self._params})
+        self._notify_computed()
+
+
+# ------------------------------------------------------------------------------- helpers
+def _check_level(field: str, value: float, step: int | None = None) -> None:
+    if not 0.0 <= value < 1.0:  # NaN fails both comparisons
+        where = "" if step is None else f" at step {step}"
+        raise ValueError(f"{field} must be in [0, 1){where}, got {value!r}")
+
+
+def _is_state_like(value: Any, param: torch.Tensor) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.shape == param.shape
+        and not getattr(value, "requires_dense", False)
+    )
+
+
+def _outermost_apply_root(module: nn.Module) -> nn.Module:
+    root = module
+    frame = sys._getframe(1)
+    apply_code = nn.Module.apply.__code__
+    while frame is not None:
+        if frame.f_code is apply_code:
+            root = frame.f_locals["self"]
+        frame = frame.f_back
+    return root
+
+
+def algorithm_names() -> list[str]:
+    return sorted(n for n, cls in SparsityAlgorithm.registry.items() if not inspect.isabstract(cls))
+
+
+def get_algorithm_class(name: str) -> type[SparsityAlgorithm]:
+    cls = SparsityAlgorithm.registry.get(str(name).lower())
+    if cls is None or inspect.isabstract(cls):
+        raise ValueError(
+            f"unknown sparsity algorithm {name!r}; known: {algorithm_names()}. Register one by "
+            "subclassing sparsity.SparsityAlgorithm or sparsity.DynamicSparsityAlgorithm."
+        )
+    return cls

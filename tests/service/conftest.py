@@ -1,0 +1,52 @@
+"""Service fixtures: an app on a throwaway SQLite database, tokens, a scripted launcher."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.main import create_app
+from service.settings import Settings
+from service_helpers import ScriptedLauncher, make_token
+
+
+@pytest.fixture
+def service_settings(tmp_path: Path) -> Settings:
+    (tmp_path / "data").mkdir()
+    return Settings(
+        database_url=f"sqlite:///{tmp_path / 'csx.db'}",
+        runs_dir=tmp_path / "runs",
+        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        allowed_data_roots=[tmp_path / "data"],
+        cluster_size=4,
+        scheduler_interval_s=0.05,
+    )
+
+
+@pytest.fixture
+def launcher() -> ScriptedLauncher:
+    return ScriptedLauncher()
+
+
+@pytest.fixture
+def client(service_settings: Settings, launcher: ScriptedLauncher) -> Iterator[TestClient]:
+    with TestClient(create_app(service_settings, launcher=launcher)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def alice(client: TestClient) -> dict[str, str]:
+    return make_token(client, "alice")
+
+
+@pytest.fixture
+def bob(client: TestClient) -> dict[str, str]:
+    return make_token(client, "bob")
+
+
+@pytest.fixture
+def admin(client: TestClient) -> dict[str, str]:
+    return make_token(client, "root", admin=True)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Make PostgreSQL's server binaries available for tests/service (Debian/Ubuntu: ~8 s).
+# Prints the bin directory holding initdb and pg_ctl; exits non-zero with a reason otherwise.
+set -euo pipefail
+
+find_bin() {
+  if command -v pg_ctl >/dev/null && command -v initdb >/dev/null; then
+    dirname "$(readlink -f "$(command -v pg_ctl)")"; return 0
+  fi
+  local dir
+  dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
+  if [ -n "$dir" ] && [ -x "$dir/pg_ctl" ]; then echo "$dir"; return 0; fi
+  return 1
+}
+
+if find_bin; then exit 0; fi
+if ! command -v apt-get >/dev/null; then
+  echo "PostgreSQL is not installed and apt-get is unavailable: install postgresql (initdb, pg_ctl)" >&2
+  exit 1
+fi
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo -n"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get install -y -q postgresql >/dev/null 2>&1 || {
+  $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q postgresql >/dev/null
+}
+find_bin || { echo "apt-get installed postgresql but no pg_ctl was found" >&2; exit 1; }

@@ -1,0 +1,127 @@
+"""`csx local-study` (service/local_stack.py): the stack `make run` starts, on a tiny study."""
+
+from __future__ import annotations
+
+import io
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service.local_stack import (
+    LocalStack,
+    StackError,
+    StackProcess,
+    format_report,
+    progress_line,
+    run_local_study,
+)
+
+TINY_STUDY = {
+    "name": "tiny-study", "algorithms": ["dense", "rigl"], "sparsity": 0.8,
+    "train_input": {"data_dir": "builtin:shakespeare", "batch_size": 4, "seq_len": 16},
+    "eval_input": {"batch_size": 4, "seq_len": 16},
+    "model": {"preset": "tiny", "tokenizer": "byte"},
+    "runconfig": {"max_steps": 6, "eval_frequency": 3, "eval_steps": 1, "log_steps": 2,
+                  "seed": 0, "num_csx": 2},
+}
+
+
+def processes_with_env(text: str) -> list[int]:
+    """Living processes whose environment mentions `text` (the stack's state folder)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if text.encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_local_study_reports_every_variant_and_stops_what_it_started(tmp_path):
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(TINY_STUDY))
+    state = tmp_path / "state"
+    out = io.StringIO()
+
+    code = run_local_study(study, state_dir=state, keep_ui=False, out=out)
+
+    text = out.getvalue()
+    assert code == 0, text
+    assert "2 variants submitted" in text
+    for variant in ("dense", "rigl"):
+        assert any(line.split()[:2] == [variant, "SUCCEEDED"] for line in text.splitlines()), text
+    assert "step     6/6" in text  # a progress line with the job's step
+    assert "MLflow UI: http://127.0.0.1:" in text
+    assert list(state.glob("study-*-perplexity.png"))
+    assert processes_with_env(str(state.resolve())) == []  # Ray included
+
+
+def test_taken_port_is_a_clear_error(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 is taken"):
+            LocalStack(tmp_path, api_port=port).start()
+
+
+def test_dead_process_error_carries_its_log_tail(tmp_path):
+    process = StackProcess.start(
+        "doomed", [sys.executable, "-c", "print('boom', flush=True); raise SystemExit(3)"],
+        log_path=tmp_path / "doomed.log", env={}, cwd=tmp_path)
+    process.popen.wait(30)
+    with pytest.raises(StackError, match=r"doomed exited with code 3(.|\n)*boom"):
+        process.check_alive()
+    process.stop()
+
+
+def test_stop_kills_a_child_that_ignores_sigterm(tmp_path):
+    ignore_term = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, "
+                   "signal.SIG_IGN); subprocess.Popen([sys.executable, '-c', "
+                   "'import time; time.sleep(60)'], start_new_session=True); print('up', "
+                   "flush=True); time.sleep(60)")
+    process = StackProcess.start("stubborn", [sys.executable, "-c", ignore_term],
+                                 log_path=tmp_path / "s.log", env={"MARK": str(tmp_path)},
+                                 cwd=tmp_path)
+    while "up" not in process.log_tail():
+        process.check_alive()
+    process.stop(grace_s=0.5)
+    assert processes_with_env(str(tmp_path)) == []
+
+
+def test_progress_line_and_report_table():
+    job = {"name": "s/rigl", "tags": {"csx.variant": "rigl"}, "status": "RUNNING",
+           "progress": {"step": 50, "max_steps": 1000, "loss": 2.5, "tokens_per_s": 1234.0},
+           "status_message": None}
+    assert progress_line(job, 12.0) == (
+        "[    12s] rigl     RUNNING      step    50/1000  loss 2.500  1,234 tok/s")
+    table = format_report([
+        {"variant": "dense", "status": "SUCCEEDED", "final_eval_perplexity": 6.0812,
+         "best_eval_perplexity": 6.0, "projected_speedup": 1.0, "wall_time_s": 61.2},
+        {"variant": "set", "status": "FAILED", "final_eval_perplexity": None,
+         "best_eval_perplexity": None, "projected_speedup": None, "wall_time_s": None}])
+    lines = table.splitlines()
+    assert lines[2].split() == ["dense", "SUCCEEDED", "6.081", "6.000", "1.00×", "61"]
+    assert lines[3].split() == ["set", "FAILED", "—", "—", "—", "—"]
+
+
+def test_reference_study_yaml_is_the_issue_study():
+    from service.api.body import nest_params
+    from service.schemas import StudyCreate
+    from service.studies import variants
+
+    body = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "study.yaml")
+                          .read_text())
+    study = StudyCreate.model_validate(nest_params(body, StudyCreate))
+    sections = dict(variants(study))
+    assert list(sections) == ["dense", "static", "set", "rigl", "granet"]
+    assert sections["dense"] is None
+    assert {sections[a]["sparsity"] for a in ("static", "set", "rigl", "granet")} == {0.8}
+    assert sections["granet"]["init_sparsity"] == 0.5
+    assert study.params.runconfig.num_csx == 2
+    assert study.params.train_input.data_dir == "builtin:shakespeare"

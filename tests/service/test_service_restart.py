@@ -1,0 +1,90 @@
+"""Restart safety with a real crash: SIGKILL the uvicorn process (and the Ray runtime it
+started) mid-training; the restarted service resumes the job from its last checkpoint as
+RECOVERING, runs it once to the end, and keeps queued jobs queued."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service_helpers import REPO_ROOT, ServerProcess, is_alive, wait_for
+
+MAX_STEPS = 300
+CHECKPOINT_STEPS = 20
+PARAMS = {
+    "train_input": {"batch_size": 4, "seq_len": 16},
+    "eval_input": {"batch_size": 4, "seq_len": 16},
+    "model": {"preset": "tiny"},
+    "sparsity": {"algorithm": "static", "sparsity": 0.5},
+    "runconfig": {"max_steps": MAX_STEPS, "checkpoint_steps": CHECKPOINT_STEPS, "log_steps": 5,
+                  "eval_steps": 1, "max_failures": 0},
+}
+
+
+def _get(server: ServerProcess, token: str, path: str) -> httpx.Response:
+    return httpx.get(server.url + path, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_kill_mid_training_then_resume_once(tmp_path: Path) -> None:
+    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}",
+           "CSX_RUNS_DIR": str(tmp_path / "runs"), "CSX_CLUSTER_SIZE": "1",
+           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    token = subprocess.run([sys.executable, "-m", "service.cli", "token", "create", "--name", "r"],
+                           env=env, cwd=REPO_ROOT, check=True, capture_output=True,
+                           text=True).stdout.strip().splitlines()[-1]
+    auth = {"Authorization": f"Bearer {token}"}
+    server = ServerProcess(env, tmp_path)
+    server.start()
+    try:
+        running = httpx.post(server.url + "/v1/jobs", json={"params": PARAMS}, headers=auth,
+                             timeout=30).json()["id"]
+        waiting = httpx.post(server.url + "/v1/jobs", json={"params": PARAMS}, headers=auth,
+                             timeout=30).json()["id"]
+
+        def past_first_checkpoint() -> int | None:
+            job = _get(server, token, f"/v1/jobs/{running}").json()
+            assert job["status"] not in ("FAILED", "SUCCEEDED"), job
+            step = (job["progress"] or {}).get("step", 0)
+            return step if step > CHECKPOINT_STEPS else None
+
+        killed_at = wait_for(past_first_checkpoint, 240, "training past the first checkpoint")
+        victims = server.kill_hard()
+        assert killed_at < MAX_STEPS
+        wait_for(lambda: not any(is_alive(p) for p in victims), 20, "the crashed processes to die")
+
+        server.start()
+        job = _get(server, token, f"/v1/jobs/{running}").json()
+        assert job["status"] in ("RECOVERING", "RUNNING"), job
+        assert _get(server, token, f"/v1/jobs/{waiting}").json()["status"] == "QUEUED"
+        done = wait_for(lambda: (j := _get(server, token, f"/v1/jobs/{running}").json())["status"]
+                        in ("SUCCEEDED", "FAILED") and j, 240, "the resumed job to finish")
+        assert done["status"] == "SUCCEEDED", done["status_message"]
+        assert done["attempt"] == 1 and done["result"]["steps"] == MAX_STEPS
+
+        events = [e["to_status"] for e in _get(server, token, f"/v1/jobs/{running}/events")
+                  .json()["data"]]
+        assert events == ["QUEUED", "VALIDATING", "PROVISIONING", "RUNNING", "RECOVERING",
+                          "RUNNING", "SUCCEEDED"]
+        log = _get(server, token, f"/v1/jobs/{running}/logs").text
+        after_restart = log.split("resuming after restart", 1)
+        assert len(after_restart) == 2 and "resuming after restart" not in after_restart[1]
+        steps = [json.loads(line.split(" ", 1)[1])["step"] for line in after_restart[1].splitlines()
+                 if '"step"' in line]
+        # Resumed from a checkpoint (step >= 20), not from scratch, and never past the end.
+        assert steps and steps[0] > CHECKPOINT_STEPS and steps[-1] == MAX_STEPS
+        assert steps == sorted(steps)
+        # The second job then gets the single system.
+        wait_for(lambda: _get(server, token, f"/v1/jobs/{waiting}").json()["status"] != "QUEUED",
+                 60, "the queued job to start")
+    finally:
+        server.stop()

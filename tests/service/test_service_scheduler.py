@@ -1,0 +1,176 @@
+"""The scheduler on a 4-system cluster, driven through the API with a scripted launcher."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from service.main import create_app
+from service.models import Job
+from service.settings import Settings
+from service.states import JobStatus, move
+from service_helpers import ScriptedLauncher, job_body, make_token, wait_for, wait_status
+
+
+def _submit(client: TestClient, headers: dict[str, str], **options: object) -> int:
+    response = client.post("/v1/jobs", json=job_body(**options), headers=headers)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def _statuses(client: TestClient, headers: dict[str, str], job_id: int) -> list[str]:
+    events = client.get(f"/v1/jobs/{job_id}/events", headers=headers).json()["data"]
+    return [e["to_status"] for e in events]
+
+
+def test_job_runs_to_success_through_every_state(client: TestClient, alice: dict[str, str],
+                                                 launcher: ScriptedLauncher) -> None:
+    job_id = _submit(client, alice, num_csx=2, mode="train_and_eval")
+    handle = launcher.handle_for(job_id)
+    running = wait_status(client, alice, job_id, "RUNNING")
+    assert running["systems"] == [0, 1] and running["started_at"] is not None
+    assert handle.kwargs["num_csx"] == 2 and handle.kwargs["mode"] == "train_and_eval"
+    assert handle.kwargs["model_dir"].endswith(f"job-{job_id}/model")
+    plan = client.get(f"/v1/jobs/{job_id}", headers=alice).json()["plan"]
+    assert plan, "VALIDATING stores validate_plan's result"
+    handle.kwargs["progress"]({"step": 5, "max_steps": 10, "loss": 2.5})
+    wait_for(lambda: client.get(f"/v1/jobs/{job_id}", headers=alice).json()["progress"],
+             what="progress")
+    handle.finish({"final_eval_perplexity": 7.5, "steps": 10})
+    done = wait_status(client, alice, job_id, "SUCCEEDED")
+    assert done["result"]["final_eval_perplexity"] == 7.5 and done["systems"] == []
+    assert _statuses(client, alice, job_id) == ["QUEUED", "VALIDATING", "PROVISIONING",
+                                                "RUNNING", "SUCCEEDED"]
+    logs = client.get(f"/v1/jobs/{job_id}/logs", headers=alice).text
+    assert '"step": 5' in logs and "SUCCEEDED" in logs
+
+
+def test_jobs_wait_for_free_systems_and_hold_them(client: TestClient, alice: dict[str, str],
+                                                  launcher: ScriptedLauncher) -> None:
+    big = _submit(client, alice, num_csx=4)
+    wait_status(client, alice, big, "RUNNING")
+    small = _submit(client, alice, num_csx=1)
+    cluster = client.get("/v1/cluster", headers=alice).json()
+    assert cluster["free"] == 0 and {s["job_id"] for s in cluster["systems"]} == {big}
+    assert client.get(f"/v1/jobs/{small}", headers=alice).json()["status"] == "QUEUED"
+    launcher.handle_for(big).finish({})
+    wait_status(client, alice, small, "RUNNING")
+    assert client.get("/v1/cluster", headers=alice).json()["free"] == 3
+
+
+def test_priority_then_fifo_order(client: TestClient, alice: dict[str, str],
+                                  launcher: ScriptedLauncher) -> None:
+    settings = client.app.state.settings
+    settings.paused = True
+    first_low = _submit(client, alice, num_csx=4, priority=0)
+    second_low = _submit(client, alice, num_csx=4, priority=0)
+    high = _submit(client, alice, num_csx=4, priority=9)
+    settings.paused = False
+    client.app.state.scheduler.wake()
+    order = []
+    for _ in range(3):
+        running = wait_for(lambda: [j for j in (first_low, second_low, high)
+                                    if j not in order and launcher.launches_of(j)], what="launch")
+        assert len(running) == 1, "only one 4-system job fits at a time"
+        order.append(running[0])
+        wait_status(client, alice, running[0], "RUNNING")
+        launcher.handle_for(running[0]).finish({})
+    assert order == [high, first_low, second_low]
+
+
+def test_cancel_running_and_queued_jobs(client: TestClient, alice: dict[str, str],
+                                        launcher: ScriptedLauncher) -> None:
+    running = _submit(client, alice, num_csx=4)
+    wait_status(client, alice, running, "RUNNING")
+    queued = _submit(client, alice, num_csx=4)
+    response = client.post(f"/v1/jobs/{queued}:cancel", headers=alice)
+    assert response.status_code == 202 and response.json()["status"] == "CANCELLED"
+    response = client.post(f"/v1/jobs/{running}:cancel", headers=alice)
+    assert response.status_code == 202 and response.json()["status"] == "CANCELLING"
+    wait_status(client, alice, running, "CANCELLED")
+    assert launcher.handle_for(running).cancelled.is_set()
+    assert _statuses(client, alice, running)[-2:] == ["CANCELLING", "CANCELLED"]
+    again = client.post(f"/v1/jobs/{running}:cancel", headers=alice)
+    assert again.status_code == 409 and "CANCELLED" in again.json()["detail"]
+    assert client.post(f"/v1/jobs/{running}:retry", headers=alice).status_code == 409
+
+
+def test_timeout_fails_the_job(client: TestClient, alice: dict[str, str],
+                               launcher: ScriptedLauncher) -> None:
+    job_id = _submit(client, alice, timeout_s=0.3)
+    failed = wait_status(client, alice, job_id, "FAILED")
+    assert failed["status_message"].startswith("TIMEOUT")
+    assert launcher.handle_for(job_id).cancelled.is_set()
+
+
+def test_recovering_follows_worker_loss_events(client: TestClient, alice: dict[str, str],
+                                               launcher: ScriptedLauncher) -> None:
+    job_id = _submit(client, alice, max_failures=2)
+    handle = launcher.handle_for(job_id)
+    wait_status(client, alice, job_id, "RUNNING")
+    handle.kwargs["progress"]({"event": "recovering", "failures": 1, "error": "actor died"})
+    recovering = wait_status(client, alice, job_id, "RECOVERING")
+    assert recovering["failures"] == 1 and "actor died" in recovering["status_message"]
+    handle.kwargs["progress"]({"step": 3, "max_steps": 10})
+    wait_status(client, alice, job_id, "RUNNING")
+    assert handle.kwargs["max_failures"] == 2
+    handle.finish({})
+    wait_status(client, alice, job_id, "SUCCEEDED")
+
+
+def test_failure_then_retry_reuses_the_mlflow_run(client: TestClient, alice: dict[str, str],
+                                                  launcher: ScriptedLauncher) -> None:
+    launcher.create_runs = True
+    job_id = _submit(client, alice)
+    first = launcher.handle_for(job_id)
+    first.finish(RuntimeError("gloo exploded"))
+    failed = wait_status(client, alice, job_id, "FAILED")
+    assert failed["status_message"] == "RuntimeError: gloo exploded"
+    assert failed["mlflow_run_id"] == first.run_id and failed["mlflow_url"].endswith(first.run_id)
+    retried = client.post(f"/v1/jobs/{job_id}:retry", headers=alice)
+    assert retried.status_code == 202 and retried.json()["attempt"] == 2
+    second = launcher.handle_for(job_id, launch=2)
+    assert second.kwargs["mlflow_run_id"] == first.run_id
+    second.finish({})
+    assert wait_status(client, alice, job_id, "SUCCEEDED")["attempt"] == 2
+    from mlflow.tracking import MlflowClient
+
+    tags = MlflowClient(client.app.state.settings.mlflow_tracking_uri).get_run(first.run_id).data.tags
+    assert tags["csx.status"] == "SUCCEEDED"
+
+
+def test_deep_validation_failure_names_the_reason(client: TestClient, alice: dict[str, str],
+                                                  launcher: ScriptedLauncher) -> None:
+    job_id = _submit(client, alice, optimizer={"type": "NoSuchOptimizer"})
+    failed = wait_status(client, alice, job_id, "FAILED")
+    assert failed["status_message"].startswith("ValueError: invalid job")
+    assert "NoSuchOptimizer" in failed["status_message"]
+    assert not launcher.launches_of(job_id)
+
+
+def test_restart_resumes_holding_jobs_and_keeps_queue(service_settings: Settings) -> None:
+    """States left by a dead process: resumable ones come back as RECOVERING and relaunch."""
+    service_settings.paused = True
+    with TestClient(create_app(service_settings, launcher=ScriptedLauncher())) as client:
+        alice = make_token(client, "alice")
+        ids = {name: _submit(client, alice) for name in ("running", "validating", "cancelling",
+                                                         "queued")}
+        with client.app.state.sessionmaker() as session:
+            for name, path in {"running": ["VALIDATING", "PROVISIONING", "RUNNING"],
+                               "validating": ["VALIDATING"],
+                               "cancelling": ["VALIDATING", "CANCELLING"]}.items():
+                job = session.get(Job, ids[name])
+                job.systems = [0] if name == "running" else []
+                for status in path:
+                    move(session, job, JobStatus(status))
+            session.commit()
+    launcher = ScriptedLauncher()
+    with TestClient(create_app(service_settings, launcher=launcher)) as client:
+        status = {n: client.get(f"/v1/jobs/{i}", headers=alice).json()["status"]
+                  for n, i in ids.items()}
+        handle = launcher.handle_for(ids["running"])
+        wait_status(client, alice, ids["running"], "RUNNING")
+        assert status["validating"] == "QUEUED" and status["queued"] == "QUEUED"
+        assert status["cancelling"] == "CANCELLED"
+        assert _statuses(client, alice, ids["running"])[-2:] == ["RECOVERING", "RUNNING"]
+        assert handle.kwargs["model_dir"].endswith(f"job-{ids['running']}/model")
+        assert len(launcher.handles) == 1, "paused: only the resumed job runs"

@@ -1,0 +1,190 @@
+"""compile(): CSR layers on a live model, sharing Parameters and following mask updates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import simulator
+from simulator.crossover import KernelCalibration, calibrate
+from simulator.layers import CSRLinear
+
+
+class FakeAlgorithm:
+    """The one method the simulator needs from a sparsity algorithm."""
+
+    def __init__(self, dense: bool = False) -> None:
+        self.dense = dense
+
+    def needs_dense_grad(self) -> bool:
+        return self.dense
+
+
+def masked_mlp(density: float = 0.3, seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(12, 20), nn.ReLU(), nn.Linear(20, 6), nn.LayerNorm(6))
+    for layer in (model[0], model[2]):
+        mask = torch.rand_like(layer.weight) < density
+        layer.register_buffer("weight_mask", mask)
+        with torch.no_grad():
+            layer.weight.mul_(mask)
+    return model
+
+
+def test_compile_shares_parameters_buffers_and_state_dict_keys():
+    model = masked_mlp()
+    params = {name: p for name, p in model.named_parameters()}
+    mask = model[0].weight_mask
+    keys = list(model.state_dict())
+    simulator.compile(model, FakeAlgorithm(), kernel="csr")
+    assert isinstance(model[0], CSRLinear) and isinstance(model[2], CSRLinear)
+    assert isinstance(model[3], nn.LayerNorm)
+    assert all(p is params[name] for name, p in model.named_parameters())
+    assert model[0].weight_mask is mask
+    assert list(model.state_dict()) == keys
+
+
+def test_mask_update_in_place_rebuilds_and_stays_exact():
+    model = masked_mlp()
+    reference = masked_mlp()
+    simulator.compile(model, kernel="csr")
+    x = torch.randn(5, 12)
+    new_mask = torch.rand(20, 12) < 0.5
+    for m in (model, reference):
+        m[0].weight_mask.copy_(new_mask)
+        with torch.no_grad():
+            m[0].weight.copy_(torch.arange(240.0).view(20, 12) / 240 * new_mask)
+    y = model(x)
+    y_ref = reference(x)
+    assert torch.allclose(y, y_ref, rtol=1e-5, atol=1e-6)
+    decision = simulator.decisions(model)[0]
+    assert decision.rebuilds == 2 and decision.density == pytest.approx(new_mask.float().mean())
+    assert decision.name == "0" and decision.shape == (20, 12)
+
+
+def test_dense_grad_follows_the_algorithm():
+    algorithm = FakeAlgorithm(dense=False)
+    model = simulator.compile(masked_mlp(), algorithm, kernel="csr")
+    x = torch.randn(7, 12)
+    model(x).sum().backward()
+    mask = model[0].weight_mask
+    assert not model[0].weight.grad[~mask].any()
+    model.zero_grad()
+    algorithm.dense = True
+    model(x).sum().backward()
+    assert model[0].weight.grad[~mask].abs().sum() > 0
+
+
+# Costs shaped like this machine's (seconds): CSR 5x dearer per multiply-add than dense GEMM,
+# plus a packing cost per activation element and a larger fixed cost per call.
+FIXED_CALIBRATION = KernelCalibration(dense_call_s=2e-5, dense_s_per_mac=5e-11,
+                                      csr_call_s=1e-4, csr_s_per_nnz=2.5e-10,
+                                      csr_s_per_feature=2e-9, backend="native", threads=1)
+
+
+def test_auto_rule_keeps_small_or_full_layers_dense_and_sparse_big_ones_csr():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1024), nn.Linear(1024, 1024),
+                          nn.Linear(1024, 1024))
+    for layer, density in zip(model, (0.5, 1.0, 0.05, 0.5)):
+        layer.register_buffer("weight_mask", torch.rand_like(layer.weight) < density)
+    model[1].weight_mask.fill_(True)
+    simulator.compile(model, tokens=1024, calibration=FIXED_CALIBRATION)
+    tiny, full, sparse, half = simulator.decisions(model)
+    assert tiny.kernel == "dense" and "predicted" in tiny.why
+    assert full.kernel == "dense" and "every weight" in full.why
+    assert sparse.kernel == "csr" and "crossover density 0.1" in sparse.why
+    assert half.kernel == "dense"
+
+
+def test_a_mask_update_re_runs_the_rule():
+    model = nn.Sequential(nn.Linear(1024, 1024))
+    model[0].register_buffer("weight_mask", torch.rand(1024, 1024) < 0.5)
+    simulator.compile(model, tokens=1024, calibration=FIXED_CALIBRATION)
+    assert simulator.decisions(model)[0].kernel == "dense"
+    model[0].weight_mask.copy_(torch.rand(1024, 1024) < 0.02)
+    model(torch.randn(1024, 1024))
+    decision = simulator.decisions(model)[0]
+    assert decision.kernel == "csr" and decision.rebuilds == 2 and decision.tokens == 1024
+
+
+def test_measured_calibration_orders_the_kernels_sensibly():
+    cal = calibrate()
+    assert cal.dense_s_per_mac > 0 and cal.csr_s_per_nnz >= cal.dense_s_per_mac
+    # 0.1% of a 4096x4096 layer is 1000x less work: the measured rule must pick CSR there,
+    # and a full 8x8 layer (no work saved, more overhead) must stay dense.
+    assert cal.predict_csr_s(4096, 4096, 4096 * 4096 // 1000, 2048) < cal.predict_dense_s(
+        4096, 4096, 2048)
+    assert cal.predict_csr_s(8, 8, 64, 8) > cal.predict_dense_s(8, 8, 8)
+
+
+def test_forced_dense_matches_the_plain_module():
+    model = masked_mlp()
+    reference = masked_mlp()
+    simulator.compile(model, kernel="dense")
+    x = torch.randn(3, 12)
+    assert torch.equal(model(x), reference(x))
+    assert all(d.kernel == "dense" for d in simulator.decisions(model))
+
+
+def test_compile_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="needs_dense_grad"):
+        simulator.compile(masked_mlp(), algorithm=object())
+    with pytest.raises(ValueError, match="kernel"):
+        simulator.compile(masked_mlp(), kernel="fast")
+    with pytest.raises(ValueError, match="tokens"):
+        simulator.compile(masked_mlp(), tokens=0)
+
+
+def test_autocast_runs_the_csr_layers_in_parameter_precision():
+    model = masked_mlp()
+    reference = masked_mlp()
+    simulator.compile(model, kernel="csr")
+    x = torch.randn(4, 12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(x)
+        y_ref = reference(x)
+    assert torch.allclose(y.float(), y_ref.float(), atol=5e-2)
+    y.float().sum().backward()
+    assert model[0].weight.grad is not None
+
+
+def test_a_bare_masked_linear_compiles_to_a_csr_layer():
+    layer = masked_mlp()[0]
+    compiled = simulator.compile(layer, kernel="csr")
+    assert isinstance(compiled, CSRLinear) and compiled.weight is layer.weight
+
+
+def _train_rigl(fabric: bool, steps: int = 50):
+    sparsity = pytest.importorskip("sparsity")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, 8))
+    algorithm = sparsity.RigL(sparsity=0.8, update={"freq": 5, "stop": 40}, drop_fraction=0.3,
+                              seed=0)
+    algorithm.apply(model)
+    if fabric:
+        simulator.compile(model, algorithm, kernel="csr")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    algorithm.apply(optimizer)
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(24, 16, generator=gen), torch.randn(24, 8, generator=gen)
+        loss = ((model(x) - y) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    masks = {k: v.clone() for k, v in model.state_dict().items() if k.endswith("_mask")}
+    return losses, masks, model
+
+
+def test_fifty_rigl_steps_through_the_fabric_match_masked_dense():
+    dense_losses, dense_masks, _ = _train_rigl(fabric=False)
+    csr_losses, csr_masks, model = _train_rigl(fabric=True)
+    assert max(abs(a - b) for a, b in zip(dense_losses, csr_losses)) < 1e-4
+    assert dense_masks.keys() == csr_masks.keys() and len(csr_masks) == 3
+    assert all(torch.equal(dense_masks[k], csr_masks[k]) for k in dense_masks)
+    assert all(d.rebuilds > 1 for d in simulator.decisions(model))  # masks did change

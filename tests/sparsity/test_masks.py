@@ -1,0 +1,72 @@
+import torch
+import pytest
+
+from sparsity.masks import (
+    FirstTieBreaker,
+    InputGroupScoreShaper,
+    OutputGroupScoreShaper,
+    RandomTieBreaker,
+    drop_minimum,
+    grow_maximum,
+    keep_count,
+    topk_mask,
+)
+
+
+def test_keep_count_is_exact_where_float32_truncation_is_not():
+    assert keep_count(640, 0.8) == 128  # the reference keeps 127
+    assert keep_count(10, 0.0) == 10 and keep_count(10, 1.0) == 0
+
+
+def test_topk_first_tie_breaker_prefers_low_indices():
+    score = torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.0, float("nan")]])
+    assert topk_mask(score, 2, FirstTieBreaker()).tolist() == [[False, True, True, False, False, False]]
+
+
+def test_random_tie_breaker_is_seeded_and_exact():
+    score = torch.zeros(1, 1000)
+    a = topk_mask(score, 100, RandomTieBreaker(7))
+    assert int(a.sum()) == 100
+    assert torch.equal(a, topk_mask(score, 100, RandomTieBreaker(7)))
+    assert not torch.equal(a, topk_mask(score, 100, RandomTieBreaker(8)))
+
+
+def test_topk_is_independent_of_thread_count():
+    score = torch.randint(0, 4, (1, 50000)).float()  # many ties
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = topk_mask(score, 20000, RandomTieBreaker(3))
+        torch.set_num_threads(max(2, old))
+        many = topk_mask(score, 20000, RandomTieBreaker(3))
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(one, many)
+
+
+def test_hand_worked_drop_and_grow():
+    # 8 weights, 4 active; drop the 2 smallest |w| among active, grow the 2 largest scores among inactive.
+    w = torch.tensor([[0.9, 0.0, 0.1, 0.0, 0.5, 0.0, 0.2, 0.0]]).abs()
+    mask = torch.tensor([[True, True, True, False, True, False, False, False]])
+    kept = drop_minimum(w, mask, torch.tensor([2]), FirstTieBreaker())
+    # active zero at index 1 and 0.1 at index 2 are dropped; inactive zeros are never "kept".
+    assert kept.tolist() == [[True, False, False, False, True, False, False, False]]
+    grow_score = torch.tensor([[9.0, 5.0, 1.0, 3.0, 9.0, 4.0, 0.0, 2.0]])
+    grown = grow_maximum(grow_score, kept, torch.tensor([2]), FirstTieBreaker())
+    assert grown.tolist() == [[True, True, False, False, True, True, False, False]]
+
+
+def test_output_and_input_group_shapers_balance_counts():
+    score = torch.arange(24.0).reshape(4, 6)
+    out = OutputGroupScoreShaper(2)
+    mask = out.unshape(topk_mask(out.shape(score), 3), score.shape)
+    assert mask[:2].sum() == 3 and mask[2:].sum() == 3
+    inp = InputGroupScoreShaper(3)
+    mask = inp.unshape(topk_mask(inp.shape(score), 2), score.shape)
+    assert [int(mask[:, 2 * g : 2 * g + 2].sum()) for g in range(3)] == [2, 2, 2]
+    assert torch.equal(inp.unshape(inp.shape(score), score.shape), score)
+
+
+def test_shaper_rejects_indivisible_groups():
+    with pytest.raises(ValueError, match="balance_out_groups=3"):
+        OutputGroupScoreShaper(3).shape(torch.zeros(4, 4))

@@ -1,0 +1,187 @@
+"""The training loop: exact resume in a fresh process, determinism, modes, tracker calls."""
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from workers.checkpoint import list_checkpoints, load_checkpoint
+from workers.spec import JobSpec
+from workers.train import train
+
+torch.set_num_threads(1)  # the fresh process below uses one thread too: same float reductions
+
+SPEC = """
+train_input: {batch_size: 8, seq_len: 32}
+eval_input: {batch_size: 8, seq_len: 32}
+model: {preset: tiny}
+optimizer: {type: AdamW, learning_rate: {type: warmup_cosine, peak: 3.0e-3, warmup_steps: 4}, weight_decay: 0.1, max_gradient_norm: 1.0}
+sparsity: {algorithm: rigl, sparsity: 0.8, update: {freq: 5, stop: 16}, drop_fraction: 0.3}
+runconfig: {max_steps: 20, checkpoint_steps: 10, eval_frequency: 10, eval_steps: 2, log_steps: 5, seed: 0, mlflow_experiment: "", sparse_kernel: auto}
+"""
+
+
+class FakeTracker:
+    def __init__(self):
+        self.metrics, self.mask_updates, self.flushed_at = {}, [], []
+
+    def log_metrics(self, metrics, step):
+        self.metrics.setdefault(step, {}).update(metrics)
+
+    def log_mask_update(self, step, masks):
+        self.mask_updates.append((step, sorted(masks)))
+
+    def flush(self):
+        self.flushed_at.append(max(self.metrics, default=0))
+
+
+def _same(a, b):
+    """Deep equality for nested dicts/lists holding tensors."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if torch.is_tensor(a):
+        return torch.equal(a, b)
+    return a == b or (a != a and b != b)  # NaN == NaN here
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """20 RigL steps straight through, checkpoints at 10 and 20."""
+    model_dir = tmp_path_factory.mktemp("reference")
+    tracker = FakeTracker()
+    summary = train(JobSpec.from_yaml(SPEC), model_dir=str(model_dir), mode="train_and_eval", tracker=tracker)
+    return model_dir, summary, tracker
+
+
+def test_writes_checkpoints_and_returns_summary(reference):
+    model_dir, summary, _ = reference
+    assert [step for step, _ in list_checkpoints(model_dir)] == [10, 20]
+    assert summary["steps"] == 20 and len(summary["train_losses"]) == 20
+    assert [e["step"] for e in summary["eval_history"]] == [10, 20]
+    assert summary["final_eval_loss"] < 5.0  # from ln(256) = 5.55 at init
+    assert [step for step, _ in summary["mask_hashes"]] == [0, 5, 10, 15]
+    assert len({h for _, h in summary["mask_hashes"]}) == 4  # RigL changed the masks each update
+    assert summary["tokens_per_s"] > 0 and summary["sim_step_ms"] > 0
+    assert len(summary["kernels"]) == 14 and set(summary["kernels"].values()) <= {"csr", "dense"}
+    assert (model_dir / "kernel_calibration.json").exists()
+    assert reference[2].flushed_at == [10, 20]  # metrics reach MLflow at every checkpoint  # the job's kernel rule, reused on resume
+    state = load_checkpoint(model_dir / "checkpoint_20.mdl")
+    assert {"model", "optimizer", "sparsity", "lr_scheduler", "rng", "data_position", "step", "spec"} <= set(state)
+    assert state["data_position"] == {"position": 20}
+    mask = state["model"]["layers.0.attn.q_proj.weight_mask"]
+    assert (state["model"]["layers.0.attn.q_proj.weight"][~mask] == 0).all()
+
+
+def test_tracker_gets_design_metric_names(reference):
+    _, _, tracker = reference
+    logged = set().union(*tracker.metrics.values())
+    for name in ("train/loss", "lr", "eval/loss", "eval/perplexity", "sparsity/global",
+                 "sparsity/layers.0.mlp.up_proj.weight/actual", "mask/churn", "mask/itop_rate",
+                 "perf/sim_step_ms", "perf/speedup_vs_dense", "perf/scaling_efficiency", "perf/tokens_per_s"):
+        assert name in logged, name
+    assert sorted(tracker.metrics) == [5, 10, 15, 20]  # batched on log steps (updates at 5, 10, 15)
+    assert [step for step, _ in tracker.mask_updates] == [5, 10, 15]
+    assert "mask/churn" not in tracker.metrics[20]  # no update at 20: no stale churn
+
+
+def test_resume_in_fresh_process_is_bit_identical(reference, tmp_path):
+    model_dir, summary, _ = reference
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copy(model_dir / "checkpoint_10.mdl", resumed_dir)
+    shutil.copy(model_dir / "tokenizer.json", resumed_dir)
+    code = textwrap.dedent(f"""
+        import json, sys, torch
+        torch.set_num_threads(1)
+        from workers.spec import JobSpec
+        from workers.train import train
+        summary = train(JobSpec.from_yaml(sys.stdin.read()), model_dir={str(resumed_dir)!r}, mode="train")
+        print(json.dumps({{"losses": summary["train_losses"], "hashes": summary["mask_hashes"]}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], input=SPEC, capture_output=True, text=True, check=True)
+    resumed = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    assert resumed["losses"] == summary["train_losses"][10:]
+    assert resumed["hashes"] == summary["mask_hashes"]
+    expected, got = (load_checkpoint(d / "checkpoint_20.mdl") for d in (model_dir, resumed_dir))
+    for key, tensor in expected["model"].items():
+        assert torch.equal(tensor, got["model"][key]), key
+    for index, state in expected["optimizer"]["state"].items():
+        assert all(torch.equal(v, got["optimizer"]["state"][index][k]) for k, v in state.items())
+    assert _same(got["sparsity"], expected["sparsity"]) and got["sparsity"]["step"] == 20
+
+
+def test_same_seed_same_losses_and_masks(reference, tmp_path):
+    _, summary, _ = reference
+    spec = JobSpec.from_yaml(SPEC)
+    again = train(spec, model_dir=str(tmp_path / "again"))
+    assert again["train_losses"] == summary["train_losses"]
+    assert again["mask_hashes"] == summary["mask_hashes"]
+    other = train(spec.model_copy(update={"runconfig": spec.runconfig.model_copy(update={"seed": 1})}),
+                  model_dir=str(tmp_path / "other"))
+    assert other["mask_hashes"][0][1] != summary["mask_hashes"][0][1]
+
+
+def test_eval_and_eval_all(reference):
+    model_dir, summary, _ = reference
+    every = train(JobSpec.from_yaml(SPEC), model_dir=str(model_dir), mode="eval_all")
+    assert [e["step"] for e in every["eval_history"]] == [10, 20]
+    # the same fixed eval batches as during training, on the same weights
+    assert [e["loss"] for e in every["eval_history"]] == pytest.approx(
+        [e["loss"] for e in summary["eval_history"]], rel=1e-6)
+    latest = train(JobSpec.from_yaml(SPEC), model_dir=str(model_dir), mode="eval")
+    assert latest["final_eval_loss"] == every["eval_history"][-1]["loss"]
+
+
+def test_all_reduce_hook_sees_gradients_then_loss(tmp_path):
+    calls = []
+
+    def all_reduce(tensors):
+        calls.append([tuple(t.shape) for t in tensors])
+
+    spec = JobSpec.from_yaml(SPEC.replace("max_steps: 20", "max_steps: 2"))
+    train(spec, model_dir=str(tmp_path), all_reduce=all_reduce)
+    calibration, *steps = calls  # the job's kernel calibration is agreed on first
+    assert len(calibration) == 1 and len(calibration[0]) == 1
+    assert len(steps) == 2 and steps[0][-1] == (1,)  # the loss rides along with the grads
+    assert (256, 64) in steps[0]  # the embedding gradient
+
+
+def test_bad_inputs_raise_naming_the_problem(tmp_path):
+    spec = JobSpec.from_yaml(SPEC)
+    with pytest.raises(ValueError, match=r"batch_size \(8\).*num_csx \(3\)"):
+        train(spec, model_dir=str(tmp_path), rank=0, world_size=3)
+    with pytest.raises(ValueError, match="mode"):
+        train(spec, model_dir=str(tmp_path), mode="predict")
+    with pytest.raises(ValueError, match="needs a checkpoint"):
+        train(spec, model_dir=str(tmp_path / "empty"), mode="eval")
+    with pytest.raises(ValueError, match="optimizer.type"):
+        train(JobSpec.from_yaml(SPEC.replace("type: AdamW", "type: Adamz")), model_dir=str(tmp_path))
+
+
+def test_dense_run_without_sparsity(tmp_path):
+    spec = JobSpec.from_yaml(SPEC.replace(
+        "sparsity: {algorithm: rigl, sparsity: 0.8, update: {freq: 5, stop: 16}, drop_fraction: 0.3}\n", "")
+        .replace("max_steps: 20", "max_steps: 2"))
+    assert spec.sparsity is None
+    summary = train(spec, model_dir=str(tmp_path), mode="train_and_eval")
+    assert summary["mask_hashes"] == [] and "kernels" not in summary
+    assert summary["speedup_vs_dense"] == pytest.approx(1.0) and summary["final_eval_loss"] > 0
+
+
+def test_replica_mask_check_fails_fast_on_the_first_diverging_update():
+    from workers.train import MaskDivergence, _check_replicas_agree
+
+    digest = "ab" * 32
+    _check_replicas_agree(5, digest, lambda tensors: None)  # one rank: agrees with itself
+
+    def average_with_other_rank(tensors):  # the other rank hashed different masks
+        other = float(int(("cd" * 32)[:12], 16))
+        tensors[0].copy_((tensors[0] + other) / 2)
+
+    with pytest.raises(MaskDivergence, match="step 7"):
+        _check_replicas_agree(7, digest, average_with_other_rank)

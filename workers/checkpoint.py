@@ -1,0 +1,91 @@
+"""Checkpoints as plain dicts, written atomically, named ``checkpoint_<step>.mdl`` (ModelZoo).
+
+A training checkpoint holds ``model`` (state_dict with the ``*_mask`` buffers), ``optimizer``,
+``sparsity`` (the algorithm's state_dict), ``lr_scheduler``, ``rng``, ``data_position``,
+``step``, ``spec`` (the params as a dict), ``model_config``, ``tokenizer`` and
+``mask_hashes``. Everything is tensors and plain Python data, so ``torch.load`` runs with
+``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_NAME = re.compile(r"^checkpoint_(\d+)\.mdl$")
+
+
+def checkpoint_path(model_dir: str | Path, step: int) -> Path:
+    return Path(model_dir) / f"checkpoint_{step}.mdl"
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
+    """Write to a temporary file in the same folder, then ``os.replace``: a reader (or a crash)
+    never sees a half-written checkpoint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"checkpoint {str(path)!r} does not exist")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or "model" not in state:
+        raise ValueError(f"{str(path)!r} is not a csx checkpoint (no 'model' entry)")
+    return state
+
+
+def list_checkpoints(model_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every checkpoint in model_dir, oldest first."""
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return sorted(found)
+
+
+def latest_checkpoint(model_dir: str | Path) -> Path | None:
+    found = list_checkpoints(model_dir)
+    return found[-1][1] if found else None
+
+
+def finalize_checkpoint(input_path: str | Path, output_path: str | Path, *, mode: str = "zeros",
+                        csr_path: str | Path | None = None) -> dict[str, Any]:
+    """Fold the masks into the weights (``sparsity.checkpoint.finalize``) and write a checkpoint
+    holding only the model, its config, tokenizer, step and spec; optionally also export the
+    sparse weights as CSR arrays to an ``.npz`` (keys ``<param>/indptr|indices|values|shape``).
+    Returns a short summary."""
+    from sparsity.checkpoint import export_csr, finalize
+
+    state = load_checkpoint(input_path)
+    finalized = finalize(state["model"], mode=mode)
+    kept = {k: state[k] for k in ("model_config", "tokenizer", "step", "spec") if k in state}
+    save_checkpoint({**kept, "model": finalized}, output_path)
+    summary: dict[str, Any] = {"output": str(output_path), "tensors": len(finalized)}
+    if csr_path is not None:
+        csr = export_csr(state["model"])
+        arrays = {f"{name}/{field}": np.asarray(value.numpy() if torch.is_tensor(value) else value)
+                  for name, parts in csr.items() for field, value in parts.items()}
+        Path(csr_path).parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(csr_path, **arrays)
+        summary["csr"] = str(csr_path)
+        summary["csr_params"] = len(csr)
+    return summary

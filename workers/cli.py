@@ -1,0 +1,180 @@
+"""The ``csx`` command line.
+
+    csx run --params P.yaml [--num_csx N] [--mode train|eval|train_and_eval|eval_all]
+            [--model_dir D] [--checkpoint_path C] [--validate_only] [--logging DEBUG]
+    csx finalize --input ckpt --output ckpt [--mode zeros|nan] [--csr out.npz]
+
+Subcommands from other packages are registered lazily in ``PLUGIN_COMMANDS`` (name → module):
+the module is imported only when its subcommand is used, so ``csx run`` never loads the web
+stack. Such a module provides ``register(subparsers) -> None``, which adds its parser(s) with
+``set_defaults(handler=fn)``, where ``fn(args: argparse.Namespace) -> int`` is the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from workers.spec import JobSpec
+
+PLUGIN_COMMANDS = {name: "service.cli" for name in ("serve", "submit", "study", "token",
+                                                  "local-study")}
+RUN_MODES = ("train", "eval", "train_and_eval", "eval_all")
+
+
+class ProgressPrinter:
+    """step/max, loss, tokens/s and ETA: one line redrawn in place on a terminal, a plain line
+    per logged step otherwise (logs, CI)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if "step" not in event:  # runner events (e.g. "recovering") are printed as they are
+            print(f"[csx] {event}", file=self.stream)
+            return
+        done = event["step"] / event["max_steps"]
+        bar = "#" * int(20 * done)
+        line = (f"step {event['step']}/{event['max_steps']} [{bar:<20}] loss {event['loss']:.4f} "
+                f"{event['tokens_per_s']:,.0f} tok/s ETA {time.strftime('%H:%M:%S', time.gmtime(event['eta_s']))}")
+        if self.tty:
+            end = "\n" if event["step"] == event["max_steps"] else ""
+            print(f"\r{line}", end=end, file=self.stream, flush=True)
+        else:
+            print(line, file=self.stream, flush=True)
+
+
+def _add_run(subparsers: Any) -> None:
+    parser = subparsers.add_parser("run", help="train / evaluate a params YAML")
+    parser.add_argument("--params", required=True, help="ModelZoo-style params YAML")
+    parser.add_argument("--num_csx", type=int, default=None,
+                        help="simulated CS-2 systems (default: runconfig.num_csx)")
+    parser.add_argument("--mode", choices=RUN_MODES, default="train")
+    parser.add_argument("--model_dir", default=None,
+                        help="checkpoints and tokenizer (default: runconfig.model_dir or ./runs/<params name>)")
+    parser.add_argument("--checkpoint_path", default=None, help="start from / evaluate this checkpoint")
+    parser.add_argument("--validate_only", action="store_true",
+                        help="print the plan (matched parameters, sparsity, FLOPs, projected step time) and exit")
+    parser.add_argument("--logging", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.set_defaults(handler=_run)
+
+
+def _add_finalize(subparsers: Any) -> None:
+    parser = subparsers.add_parser("finalize", help="fold masks into a checkpoint's weights")
+    parser.add_argument("--input", required=True, help="training checkpoint")
+    parser.add_argument("--output", required=True, help="finalized checkpoint to write")
+    parser.add_argument("--mode", choices=["zeros", "nan"], default="zeros",
+                        help="value at pruned positions: 0, or NaN (cstorch's sparse form)")
+    parser.add_argument("--csr", default=None, help="also export the sparse weights as CSR to this .npz")
+    parser.set_defaults(handler=_finalize)
+
+
+LOCAL_COMMANDS: dict[str, Callable[[Any], None]] = {"run": _add_run, "finalize": _add_finalize}
+
+
+def _load_spec(args: argparse.Namespace) -> JobSpec:
+    spec = JobSpec.from_yaml(Path(args.params).read_text(encoding="utf-8"))
+    runconfig = {}
+    if args.num_csx is not None:
+        runconfig["num_csx"] = args.num_csx
+    if args.checkpoint_path is not None:
+        runconfig["checkpoint_path"] = args.checkpoint_path
+    if not runconfig:
+        return spec
+    data = spec.model_dump()
+    data["runconfig"].update(runconfig)
+    return JobSpec.model_validate(data)  # validates the overrides (e.g. num_csx <= 192)
+
+
+def _run(args: argparse.Namespace) -> int:
+    spec = _load_spec(args)
+    num_csx = spec.runconfig.num_csx
+    if args.validate_only:
+        from workers.plan import plan_table, validate_plan
+
+        print(plan_table(validate_plan(spec, num_csx), debug=args.logging == "DEBUG"))
+        return 0
+    model_dir = args.model_dir or spec.runconfig.model_dir or str(Path("runs") / Path(args.params).stem)
+    progress = ProgressPrinter()
+    if num_csx > 1:
+        from workers.runner import run_job
+
+        summary = run_job(spec, num_csx=num_csx, mode=args.mode, model_dir=model_dir, progress=progress)
+    else:
+        summary = _train_locally(spec, args.mode, model_dir, progress)
+    shown = {k: v for k, v in summary.items() if k not in ("train_losses", "mask_hashes", "eval_history")}
+    print(json.dumps(shown, indent=2, default=str))
+    return 0
+
+
+def _train_locally(spec: JobSpec, mode: str, model_dir: str, progress: ProgressPrinter) -> dict:
+    """One system, in this process (no Ray), logging to MLflow when an experiment is named."""
+    from workers.train import train
+
+    tracker = None
+    if spec.runconfig.mlflow_experiment:
+        from workers.tracking import Tracker, run_params
+
+        tracker = Tracker(spec.runconfig.mlflow_experiment, run_name=Path(model_dir).name)
+        tracker.log_params(run_params(spec.model_dump(mode="json"), 1))
+        tracker.log_text(spec.to_yaml(), "params.yaml")
+    try:
+        summary = train(spec, model_dir=model_dir, mode=mode, tracker=tracker, progress=progress)
+    except BaseException:
+        if tracker is not None:
+            tracker.finish("FAILED")
+        raise
+    if tracker is not None:
+        tracker.finish()
+        summary["mlflow_run_id"] = tracker.run_id
+    return summary
+
+
+def _finalize(args: argparse.Namespace) -> int:
+    from workers.checkpoint import finalize_checkpoint
+
+    summary = finalize_checkpoint(args.input, args.output, mode=args.mode, csr_path=args.csr)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    """All local subcommands; a plugin subcommand's module is imported only when ``command``
+    names it, otherwise the plugin names are listed with a one-line placeholder help."""
+    parser = argparse.ArgumentParser(prog="csx", description="weight-sparse training on simulated CS-2 systems")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for add in LOCAL_COMMANDS.values():
+        add(subparsers)
+    if command in PLUGIN_COMMANDS:
+        try:
+            plugin = importlib.import_module(PLUGIN_COMMANDS[command])
+        except ModuleNotFoundError as err:
+            parser.error(f"'csx {command}' needs {PLUGIN_COMMANDS[command]}, which is not installed ({err})")
+        plugin.register(subparsers)
+    else:
+        for name, module in PLUGIN_COMMANDS.items():
+            subparsers.add_parser(name, help=f"(from {module})", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
+    logging.basicConfig(level=getattr(args, "logging", "INFO"), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.handler(args)
+    except ValueError as err:  # bad spec or input: the message names the field, no traceback
+        print(f"csx {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

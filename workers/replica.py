@@ -1,0 +1,102 @@
+"""One simulated CS-2 system as a Ray actor: a gloo rank that runs the training loop.
+
+Each actor owns one CPU and one torch thread, so N actors use N cores and data-parallel
+speedup is measured against a single-threaded baseline.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+
+# A dead peer closes its sockets and the others fail at once; this bounds the wait when a
+# peer hangs instead.
+COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+
+
+def average_in_place(tensors: list[torch.Tensor], world_size: int) -> None:
+    """All-reduce `tensors` to their mean over the group, one collective per dtype."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
+            raise TypeError("all_reduce takes dense tensors, got "
+                            f"{type(tensor).__name__} {getattr(tensor, 'layout', '')}")
+        by_dtype.setdefault(tensor.dtype, []).append(tensor)
+    for group in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in group])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat.div_(world_size)
+        offset = 0
+        for tensor in group:
+            tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+
+
+@ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)
+class CsxWorker:
+    def __init__(self, rank: int, world_size: int) -> None:
+        torch.set_num_threads(1)
+        self.rank = rank
+        self.world_size = world_size
+        self._allreduce_s = 0.0
+        self._allreduce_calls = 0
+
+    def locate(self) -> tuple[int, str]:
+        """(process id, node address) of this actor."""
+        return os.getpid(), ray.util.get_node_ip_address()
+
+    def free_port(self, host: str) -> int:
+        """A free TCP port on `host` of this node, for the group's rendezvous store (rank 0)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            return probe.getsockname()[1]
+
+    def join_group(self, host: str, port: int) -> None:
+        """Blocks until all ranks have joined, so the driver calls it on every actor at once."""
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                world_size=self.world_size, timeout=COLLECTIVE_TIMEOUT)
+
+    def all_reduce(self, tensors: list[torch.Tensor]) -> None:
+        """Average over the group in place, timing the collective for the scaling report.
+
+        The first call is not timed: it is where the ranks first meet after building their
+        models, so it measures their start-up skew, not communication.
+        """
+        started = time.perf_counter()
+        average_in_place(tensors, self.world_size)
+        if self._allreduce_calls:
+            self._allreduce_s += time.perf_counter() - started
+        self._allreduce_calls += 1
+
+    def train(self, spec: Any, *, model_dir: str, mode: str, tracker_args: dict | None,
+              relay: Any, train_fn: Callable[..., dict] | None) -> dict[str, Any]:
+        """Run the loop on this rank; rank 0 also logs to MLflow and reports progress."""
+        from workers.tracking import Tracker
+
+        if train_fn is None:
+            from workers.train import train as train_fn
+        tracker = Tracker(**tracker_args) if tracker_args is not None else None
+        progress = (lambda event: ray.get(relay.put.remote(event))) if relay is not None else None
+        started = time.perf_counter()
+        try:
+            summary = train_fn(spec, model_dir=model_dir, mode=mode, rank=self.rank,
+                               world_size=self.world_size,
+                               all_reduce=self.all_reduce if self.world_size > 1 else None,
+                               tracker=tracker, progress=progress)
+        except BaseException:
+            if tracker is not None:
+                tracker.flush()  # keep what was logged; the driver decides how the run ends
+            raise
+        wall_s = time.perf_counter() - started
+        if tracker is not None:
+            tracker.finish()
+        return {**summary, "comm/allreduce_s": self._allreduce_s,
+                "comm/allreduce_calls": self._allreduce_calls, "train_wall_s": wall_s}

@@ -1,0 +1,315 @@
+"""Data-parallel training over simulated CS-2 systems: one Ray actor per system, gloo between.
+
+The driver (`start_job` / `run_job`) creates the MLflow run, starts `num_csx` one-CPU actors,
+lets rank 0 pick a rendezvous port, forms a gloo process group among them and has every actor
+call the same loop, `workers.train.train`, with an `all_reduce` that averages gradients over
+the group (flattened into one buffer per dtype: one collective per step, not one per tensor).
+Only rank 0 gets a `Tracker` and reports progress.
+
+If an actor dies, the whole group is killed and a fresh one started, up to `max_failures`
+times; `train()` resumes from the newest checkpoint in `model_dir`. Every rank returns the
+hash of its masks after each mask update, and the driver refuses a run whose replicas
+disagree, naming the first diverging update step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from workers.progress import ProgressRelay
+from workers.spec import JobSpec
+from workers.tracking import create_run, end_run, resolve_tracking_uri, run_params
+from workers.replica import CsxWorker
+from workers.train import MaskDivergence
+
+log = logging.getLogger(__name__)
+
+MODES = ("train", "eval", "train_and_eval", "eval_all")
+# After one rank fails, how long the others get to fail too (peers of a killed process see
+# gloo connection errors within milliseconds) before the failure is classified.
+FAILURE_GRACE_S = 10.0
+MASK_HASHES_KEY = "mask_hashes"
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+
+class JobCancelled(RuntimeError):
+    """The job was cancelled through `JobHandle.cancel`; its actors are gone."""
+
+
+class JobFailed(RuntimeError):
+    """Workers kept dying: more than `max_failures` restarts were needed."""
+
+
+def connect_ray(num_cpus: int) -> None:
+    """Reuse an initialised runtime, else join RAY_ADDRESS, else start a local one.
+
+    The local runtime has the dashboard UI off (heavy and unneeded) and token auth disabled
+    (on by default in Ray 2.60, it breaks local use). Ray 2.60 rewrites a node address of
+    127.0.0.1 to the machine's routable one, so asking for loopback would have no effect.
+    """
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(address="local", include_dashboard=False,
+                 num_cpus=max(num_cpus, os.cpu_count() or 1), log_to_driver=False)
+
+
+def first_mask_divergence(hashes_per_rank: list[list[Any]]) -> str | None:
+    """None when every rank saw the same mask hashes, else a message naming the first diverging
+    update (the list entries are (step, hash) pairs or bare hashes)."""
+    reference = hashes_per_rank[0]
+    for rank, hashes in enumerate(hashes_per_rank[1:], start=1):
+        for index, (ours, theirs) in enumerate(zip(reference, hashes)):
+            if ours != theirs:
+                step = ours[0] if isinstance(ours, (tuple, list)) else f"update #{index + 1}"
+                return (f"mask divergence at step {step}: rank 0 has {ours!r}, "
+                        f"rank {rank} has {theirs!r}")
+        if len(hashes) != len(reference):
+            return (f"mask divergence: rank 0 recorded {len(reference)} mask updates, "
+                    f"rank {rank} recorded {len(hashes)}")
+    return None
+
+
+class JobHandle:
+    """A running job: `wait()` for its summary, `cancel()` to stop it (kills every actor)."""
+
+    def __init__(self, spec: JobSpec, *, num_csx: int, mode: str, model_dir: str,
+                 run_id: str | None, tracking_uri: str | None, progress: ProgressCallback | None,
+                 max_failures: int, train_fn: Callable[..., dict] | None) -> None:
+        self.spec = spec
+        self.num_csx = num_csx
+        self.mode = mode
+        self.model_dir = model_dir
+        self.run_id = run_id
+        self.tracking_uri = tracking_uri
+        self.max_failures = max_failures
+        self.attempts = 0
+        self._progress = progress
+        self._train_fn = train_fn
+        self._lock = threading.Lock()
+        self._cancelled = threading.Event()
+        self._actors: list[Any] = []  # the current attempt's workers and progress relay
+        self._pids: list[int] = []
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current attempt's actors, by rank."""
+        with self._lock:
+            return list(self._pids)
+
+    def cancel(self) -> None:
+        """Stop the job: every actor of the current attempt is killed; `wait()` then raises
+        JobCancelled and the MLflow run ends KILLED."""
+        self._cancelled.set()
+        self._kill_group()
+
+    def wait(self) -> dict[str, Any]:
+        """Run attempts until one succeeds; return rank 0's summary plus run bookkeeping."""
+        failures = 0
+        try:
+            while True:
+                self._check_cancelled()
+                try:
+                    results = self._run_attempt()
+                    break
+                except RayActorError as err:
+                    self._kill_group()
+                    self._check_cancelled()
+                    failures += 1
+                    if failures > self.max_failures:
+                        raise JobFailed(f"a worker died {failures} times, more than "
+                                        f"max_failures={self.max_failures}: {err}") from err
+                    log.warning("worker lost (%s); restart %d of %d from the latest checkpoint",
+                                err, failures, self.max_failures)
+                    self._emit({"event": "recovering", "attempt": self.attempts + 1,
+                                "failures": failures, "error": str(err)})
+        except BaseException as err:
+            self._kill_group()
+            if self.run_id is not None:
+                status = "KILLED" if isinstance(err, JobCancelled) else "FAILED"
+                end_run(self.run_id, status, tracking_uri=self.tracking_uri)
+            raise
+        return self._summarise(results, restarts=failures)
+
+    def _run_attempt(self) -> list[dict[str, Any]]:
+        """One group of fresh actors (and a fresh relay: a dead attempt's half-delivered
+        event must not block the next one) from start to finish."""
+        self.attempts += 1
+        actors = [CsxWorker.remote(rank, self.num_csx) for rank in range(self.num_csx)]
+        relay = ProgressRelay.remote() if self._progress is not None else None
+        with self._lock:
+            self._actors = actors + ([relay] if relay is not None else [])
+        located = ray.get([actor.locate.remote() for actor in actors])
+        with self._lock:
+            self._pids = [pid for pid, _ in located]
+        self._check_cancelled()
+        if self.num_csx > 1:
+            # One node (the usual local case): rendezvous on loopback only. Ray itself cannot
+            # be held to 127.0.0.1 (2.60 rewrites it to the routable address).
+            nodes = {node for _, node in located}
+            host = "127.0.0.1" if len(nodes) == 1 else located[0][1]
+            port = ray.get(actors[0].free_port.remote(host))
+            ray.get([actor.join_group.remote(host, port) for actor in actors])
+        tracker_args = None
+        if self.run_id is not None:
+            tracker_args = {"experiment": self.spec.runconfig.mlflow_experiment,
+                            "run_id": self.run_id, "tracking_uri": self.tracking_uri}
+        refs = [actor.train.remote(self.spec, model_dir=self.model_dir, mode=self.mode,
+                                   tracker_args=tracker_args if rank == 0 else None,
+                                   relay=relay if rank == 0 else None,
+                                   train_fn=self._train_fn)
+                for rank, actor in enumerate(actors)]
+        results = self._collect(refs, relay)
+        self._kill_group()
+        return results
+
+    def _collect(self, refs: list[Any], relay: Any) -> list[dict[str, Any]]:
+        """Wait for every rank, delivering progress events as they come."""
+        take = relay.take.remote() if relay is not None else None
+        pending = list(refs)
+        while pending:
+            watched = pending + ([take] if take is not None else [])
+            ready, _ = ray.wait(watched, num_returns=1)
+            if take is not None and take in ready:
+                self._emit(ray.get(take))
+                take = relay.take.remote()  # releases rank 0, which waited for us
+                continue
+            finished = [ref for ref in pending if ref in ready]
+            try:
+                ray.get(finished)
+            except (RayActorError, RayTaskError) as err:
+                raise self._classify_failure(err, [r for r in pending if r not in finished])
+            pending = [ref for ref in pending if ref not in finished]
+        return ray.get(refs)
+
+    def _classify_failure(self, first: Exception, others: list[Any]) -> Exception:
+        """A dead actor anywhere makes this a lost worker (restartable); otherwise the first
+        rank's exception is a real error in the job and ends it."""
+        if isinstance(first, RayActorError):
+            return first
+        ready, _ = ray.wait(others, num_returns=len(others), timeout=FAILURE_GRACE_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError as lost:
+                return lost
+            except RayTaskError:
+                continue  # a peer's gloo error: a symptom, not the cause
+        if self._cancelled.is_set():
+            return JobCancelled("job cancelled")
+        return first.as_instanceof_cause() if isinstance(first, RayTaskError) else first
+
+    def _summarise(self, results: list[dict[str, Any]], restarts: int) -> dict[str, Any]:
+        divergence = first_mask_divergence([r.get(MASK_HASHES_KEY, []) for r in results])
+        if divergence is not None:
+            raise MaskDivergence(divergence)
+        summary = dict(results[0])  # rank 0's, including its all-reduce time and call count
+        summary.update({"run_id": self.run_id, "num_csx": self.num_csx,
+                        "attempts": self.attempts, "restarts": restarts})
+        return summary
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        if self._progress is not None:
+            self._progress(event)
+
+    def _check_cancelled(self) -> None:
+        if self._cancelled.is_set():
+            raise JobCancelled("job cancelled")
+
+    def _kill_group(self) -> None:
+        with self._lock:
+            actors, self._actors, self._pids = self._actors, [], []
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+
+
+def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,
+              mlflow_run_id: str | None = None, experiment: str | None = None,
+              parent_run_id: str | None = None, progress: ProgressCallback | None = None,
+              max_failures: int | None = None, tracking: bool = True,
+              tracking_uri: str | None = None,
+              train_fn: Callable[..., dict] | None = None) -> JobHandle:
+    """Validate, create (or reuse) the MLflow run, connect to Ray and start the first attempt's
+    bookkeeping; the returned handle runs the job in `wait()`.
+
+    `train_fn` is the per-rank loop with `workers.train.train`'s signature (the default).
+    """
+    if not isinstance(spec, JobSpec):
+        raise TypeError(f"spec must be a workers.spec.JobSpec, got {type(spec).__name__}")
+    if not isinstance(num_csx, int) or isinstance(num_csx, bool) or not 1 <= num_csx <= 192:
+        raise ValueError(f"num_csx must be an integer in [1, 192], got {num_csx!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    batch_size = spec.train_input.batch_size
+    if batch_size % num_csx:
+        raise ValueError(f"train_input.batch_size ({batch_size}) must be divisible by "
+                         f"num_csx ({num_csx}): each system takes an equal slice")
+    if max_failures is None:
+        max_failures = spec.runconfig.max_failures
+    if max_failures < 0:
+        raise ValueError(f"max_failures must be >= 0, got {max_failures}")
+    spec = spec.model_copy(deep=True)
+    spec.runconfig.num_csx = num_csx
+    if experiment is not None:
+        spec.runconfig.mlflow_experiment = experiment
+    os.makedirs(model_dir, exist_ok=True)
+    model_dir = os.path.abspath(model_dir)
+
+    connect_ray(num_cpus=num_csx)
+    available = ray.cluster_resources().get("CPU", 0)
+    if available < num_csx:
+        raise ValueError(f"num_csx={num_csx} needs {num_csx} CPUs in the Ray cluster, "
+                         f"it has {available:g}")
+    run_id = None
+    if tracking:
+        tracking_uri = resolve_tracking_uri(tracking_uri)
+        run_id = mlflow_run_id or open_run(spec, num_csx=num_csx, tracking_uri=tracking_uri,
+                                           parent_run_id=parent_run_id)
+    return JobHandle(spec, num_csx=num_csx, mode=mode, model_dir=model_dir, run_id=run_id,
+                     tracking_uri=tracking_uri, progress=progress, max_failures=max_failures,
+                     train_fn=train_fn)
+
+
+def open_run(spec: JobSpec, *, num_csx: int, tracking_uri: str,
+             parent_run_id: str | None) -> str:
+    """Create the job's MLflow run with its DESIGN §5 params and the params YAML."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Param
+
+    run_id = create_run(spec.runconfig.mlflow_experiment, tracking_uri=tracking_uri,
+                        parent_run_id=parent_run_id)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    params = [Param(k, v) for k, v in run_params(spec.model_dump(mode="json"), num_csx).items()]
+    for start in range(0, len(params), 100):
+        client.log_batch(run_id, params=params[start:start + 100])
+    client.log_text(run_id, spec.to_yaml(), "params.yaml")
+    return run_id
+
+
+def run_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,
+            mlflow_run_id: str | None = None, experiment: str | None = None,
+            parent_run_id: str | None = None, progress: ProgressCallback | None = None,
+            max_failures: int | None = None, tracking: bool = True,
+            tracking_uri: str | None = None,
+            train_fn: Callable[..., dict] | None = None) -> dict[str, Any]:
+    """Run a job to completion on `num_csx` simulated systems and return its summary."""
+    started = time.perf_counter()
+    handle = start_job(spec, num_csx=num_csx, mode=mode, model_dir=model_dir,
+                       mlflow_run_id=mlflow_run_id, experiment=experiment,
+                       parent_run_id=parent_run_id, progress=progress,
+                       max_failures=max_failures, tracking=tracking,
+                       tracking_uri=tracking_uri, train_fn=train_fn)
+    summary = handle.wait()
+    summary["job_wall_s"] = time.perf_counter() - started
+    return summary

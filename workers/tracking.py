@@ -1,0 +1,295 @@
+"""Batched MLflow logging for a training run (rank 0 only).
+
+One `Tracker` per run attempt. Metrics are buffered and written with
+`MlflowClient.log_batch` (at most 1000 per call, DESIGN §6: 1000 single `log_metric` calls
+take seconds, one batch takes 0.1 s). Mask updates become one artifact folder per update
+step: bit-packed masks, a heatmap per layer and a density histogram.
+
+The default store is SQLite: MLflow 3.x refuses the plain file store unless forced, and
+SQLite needs no server and supports nested runs. URIs are made absolute so that a driver
+and its Ray workers, which may run in other directories, write to the same store.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+
+from workers.plots import (
+    write_curves_png,
+    write_density_histogram_png,
+    write_mask_heatmap_png,
+)
+
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAMS_PER_BATCH = 100
+MAX_PARAM_VALUE_CHARS = 6000
+# Flush buffered metrics at least this often so a live MLflow UI follows the run.
+FLUSH_INTERVAL_S = 10.0
+PARENT_RUN_TAG = "mlflow.parentRunId"
+TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+
+def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
+    """The URI from the argument, else MLFLOW_TRACKING_URI, else ./mlflow.db; made absolute."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    if uri.startswith("file:") and not uri.startswith("file:/"):
+        return Path(uri[len("file:"):]).resolve().as_uri()
+    if "://" not in uri and not uri.startswith("file:"):
+        return Path(uri).resolve().as_uri()
+    return uri
+
+
+def get_or_create_experiment(client: MlflowClient, name: str) -> str:
+    """Experiment id for `name`; two processes creating it at once both get the same id."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"experiment must be a non-empty string, got {name!r}")
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location(
+            client.tracking_uri, name))
+    except MlflowException as exc:
+        if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+            raise
+        return client.get_experiment_by_name(name).experiment_id
+
+
+def artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """Artifacts of a SQLite store go beside the database, not into the caller's cwd."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None  # a server or other store chooses its own artifact root
+    database = Path(tracking_uri[len("sqlite:///"):])
+    return (database.parent / "mlartifacts" / safe_file_name(experiment)).as_uri()
+
+
+def create_run(experiment: str, *, tracking_uri: str | None = None,
+               parent_run_id: str | None = None, run_name: str | None = None,
+               tags: Mapping[str, str] | None = None) -> str:
+    """Create a run (nested under `parent_run_id` when given) and return its id.
+
+    The runner calls this in the driver so the id is known before any worker starts and
+    every retry of a job logs to the same run.
+    """
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    run_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+    if parent_run_id is not None:
+        client.get_run(parent_run_id)  # fails loudly on an unknown parent
+        run_tags[PARENT_RUN_TAG] = parent_run_id
+    run = client.create_run(get_or_create_experiment(client, experiment),
+                            run_name=run_name, tags=run_tags)
+    return run.info.run_id
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested dicts become dotted keys ("optimizer.learning_rate"); values become strings."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_params(value, prefix=f"{name}."))
+        else:
+            flat[name] = str(value)[:MAX_PARAM_VALUE_CHARS]
+    return flat
+
+
+def run_params(spec: Mapping[str, Any], num_csx: int) -> dict[str, str]:
+    """The headline params of DESIGN §5 from a params dict (ModelZoo layout)."""
+    train_input = spec.get("train_input") or {}
+    optimizer = spec.get("optimizer") or {}
+    runconfig = spec.get("runconfig") or {}
+    params: dict[str, Any] = {
+        "num_csx": num_csx,
+        "global_batch": train_input.get("batch_size"),
+        "seq_len": train_input.get("seq_len"),
+        "lr": optimizer.get("learning_rate"),
+        "seed": runconfig.get("seed"),
+    }
+    params.update(sparsity_params(spec.get("sparsity")))
+    for key, value in (spec.get("model") or {}).items():
+        params[f"model.{key}"] = value
+    return flatten_params({k: v for k, v in params.items() if v is not None})
+
+
+def sparsity_params(section: Any) -> dict[str, Any]:
+    """algorithm, target_sparsity, init_method, distribution, update_*, drop_fraction_*."""
+    if section is None:
+        return {"algorithm": "dense", "target_sparsity": 0.0}
+    if isinstance(section, (int, float)):
+        return {"algorithm": "static", "target_sparsity": section}
+    if isinstance(section, Mapping) and "groups" in section:
+        section = section["groups"]
+    if isinstance(section, list):
+        groups = [sparsity_params(group) for group in section]
+        return {"algorithm": "+".join(str(g.get("algorithm")) for g in groups),
+                "groups": len(groups)}
+    if not isinstance(section, Mapping):
+        return {"algorithm": str(section)}
+    target = section.get("sparsity", section.get("schedule"))
+    if isinstance(target, Mapping):  # a schedule: its final value is the headline target
+        target = target.get("end_sparsity", target.get("final", target.get("value", target)))
+    update = section.get("update")
+    if not isinstance(update, Mapping):
+        update = {"freq": update} if update is not None else {}
+    drop = section.get("drop_fraction")
+    drop_init, drop_type = (drop.get("init"), drop.get("type")) if isinstance(
+        drop, Mapping) else (drop, "constant" if drop is not None else None)
+    return {
+        "algorithm": section.get("algorithm", section.get("type", "static")),
+        "target_sparsity": target,
+        "init_method": section.get("init_method"),
+        "distribution": section.get("distribution"),
+        "update_freq": update.get("freq"),
+        "update_stop": update.get("stop"),
+        "drop_fraction_init": drop_init,
+        "drop_fraction_type": drop_type,
+    }
+
+
+def pack_masks(masks: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Bit-packed masks plus their shapes, the arrays stored in `masks.npz`."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, mask in masks.items():
+        flat = mask.detach().to("cpu", torch.bool).numpy().reshape(-1)
+        arrays[f"{name}.bits"] = np.packbits(flat)
+        arrays[f"{name}.shape"] = np.asarray(mask.shape, dtype=np.int64)
+    return arrays
+
+
+def unpack_masks(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inverse of `pack_masks`: name -> bool array of the original shape."""
+    masks: dict[str, np.ndarray] = {}
+    for key in arrays:
+        if key.endswith(".shape"):
+            name = key[: -len(".shape")]
+            shape = tuple(int(d) for d in arrays[key])
+            count = int(np.prod(shape))
+            bits = np.unpackbits(arrays[f"{name}.bits"], count=count)
+            masks[name] = bits.astype(bool).reshape(shape)
+    return masks
+
+
+class Tracker:
+    """Batched MLflow logging for one run; create it on rank 0 only."""
+
+    def __init__(self, experiment: str, run_id: str | None = None,
+                 tracking_uri: str | None = None, parent_run_id: str | None = None,
+                 run_name: str | None = None) -> None:
+        self.tracking_uri = resolve_tracking_uri(tracking_uri)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        if run_id is None:
+            run_id = create_run(experiment, tracking_uri=self.tracking_uri,
+                                parent_run_id=parent_run_id, run_name=run_name)
+        else:
+            run = self.client.get_run(run_id)  # fails loudly on an unknown id
+            if run.info.status != "RUNNING":  # a retry re-opens the run it logs to
+                self.client.update_run(run_id, status="RUNNING")
+            if parent_run_id is not None and run.data.tags.get(PARENT_RUN_TAG) != parent_run_id:
+                self.client.set_tag(run_id, PARENT_RUN_TAG, parent_run_id)
+        self.run_id: str = run_id
+        self._pending: list[Metric] = []
+        self._last_flush = time.monotonic()
+        self._history: dict[str, list[tuple[int, float]]] = {}
+        self._finished = False
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log (nested) params now, flattened to dotted names, 100 per batch."""
+        items = [Param(k, v) for k, v in flatten_params(params).items()]
+        for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            self._log_batch(params=items[start:start + MAX_PARAMS_PER_BATCH])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Buffer metrics; they are written 1000 at a time, every 10 s, and at `finish`."""
+        timestamp = int(time.time() * 1000)
+        for key, value in metrics.items():
+            number = float(value)
+            self._pending.append(Metric(key, number, timestamp, int(step)))
+            self._history.setdefault(key, []).append((int(step), number))
+        if len(self._pending) >= MAX_METRICS_PER_BATCH or (
+                time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every buffered metric."""
+        while self._pending:
+            batch = self._pending[:MAX_METRICS_PER_BATCH]
+            self._log_batch(metrics=batch)
+            del self._pending[:len(batch)]
+        self._last_flush = time.monotonic()
+
+    def history(self, key: str) -> list[tuple[int, float]]:
+        """(step, value) pairs logged under `key` by this tracker."""
+        return list(self._history.get(key, []))
+
+    def log_mask_update(self, step: int, masks: Mapping[str, torch.Tensor]) -> None:
+        """Artifacts under masks/step_<step>/: masks.npz, heatmap_<layer>.png, density_hist.png."""
+        if not masks:
+            raise ValueError("masks must name at least one masked parameter")
+        with tempfile.TemporaryDirectory(prefix="csx-masks-") as folder:
+            out = Path(folder)
+            np.savez_compressed(out / "masks.npz", **pack_masks(masks))
+            densities: dict[str, float] = {}
+            for name, mask in masks.items():
+                dense = mask.detach().to("cpu", torch.bool)
+                densities[name] = float(dense.float().mean())
+                write_mask_heatmap_png(dense.reshape(dense.shape[0], -1).numpy(),
+                                       out / f"heatmap_{safe_file_name(name)}.png")
+            write_density_histogram_png(densities, out / "density_hist.png",
+                                        title=f"mask density, step {step}")
+            self.client.log_artifacts(self.run_id, folder, artifact_path=f"masks/step_{step:07d}")
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        items = [RunTag(str(k), str(v)) for k, v in tags.items()]
+        for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, tags=items[start:start + MAX_PARAMS_PER_BATCH])
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Flush, draw the loss/perplexity curves and end the run; later calls do nothing."""
+        if status not in TERMINAL_STATUSES:
+            raise ValueError(f"status must be one of {TERMINAL_STATUSES}, got {status!r}")
+        if self._finished:
+            return
+        self.flush()
+        curves = {k: v for k, v in self._history.items()
+                  if k.endswith("loss") or k.endswith("perplexity")}
+        if curves:
+            with tempfile.TemporaryDirectory(prefix="csx-curves-") as folder:
+                path = Path(folder) / "curves.png"
+                write_curves_png(curves, path)
+                self.client.log_artifact(self.run_id, str(path), artifact_path="report")
+        self.client.set_terminated(self.run_id, status=status)
+        self._finished = True
+
+    def _log_batch(self, metrics: list[Metric] = (), params: list[Param] = ()) -> None:
+        self.client.log_batch(self.run_id, metrics=list(metrics), params=list(params))
+
+
+def end_run(run_id: str, status: str, tracking_uri: str | None = None) -> None:
+    """Mark a run terminal from the driver (a failed or cancelled job) unless it already is."""
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"status must be one of {TERMINAL_STATUSES}, got {status!r}")
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    if client.get_run(run_id).info.status == RunStatus.to_string(RunStatus.RUNNING):
+        client.set_terminated(run_id, status=status)
+
+
+def safe_file_name(name: str) -> str:
+    """A parameter name as a file name: dots and slashes become underscores."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)

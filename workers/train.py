@@ -1,0 +1,375 @@
+"""The training loop: one explicit loop, the same on one process or on every data-parallel rank.
+
+Per optimizer step ``t`` (1-based), in order: LR for step t; forward/backward on this rank's
+slice of global batch t; ``all_reduce`` of the gradients (and the loss) across ranks;
+``alg.mask_gradients()``; gradient clipping; ``optimizer.step()`` (the sparsity hooks fire here
+and update masks on update steps); mask hash on update steps; evaluation every
+``eval_frequency``; checkpoint every ``checkpoint_steps`` (rank 0); metrics every ``log_steps``
+(rank 0, through the tracker).
+
+Resume is exact: the newest checkpoint in ``model_dir`` (else ``runconfig.checkpoint_path``)
+restores weights and masks, optimizer, sparsity state, LR scheduler, RNG and data position, so
+an interrupted run continues bit-identically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from workers import checkpoint as ckpt
+from workers.data import BatchSampler, eval_batches
+from workers.job import build_sparse_model, lr_factor, make_optimizer, model_config, token_streams
+from workers.perf import PerfProjector
+from workers.spec import JobSpec
+
+MODES = ("train", "eval", "train_and_eval", "eval_all")
+AllReduce = Callable[[list[torch.Tensor]], None]
+
+
+def mask_hash(alg: Any) -> str:
+    """sha256 of all masks concatenated (algorithm order): equal on replicas iff masks agree."""
+    digest = hashlib.sha256()
+    for _, _, mask in alg.sparse_parameters():
+        digest.update(mask.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class Run:
+    """Everything one rank holds during a job."""
+    spec: JobSpec
+    model: torch.nn.Module  # masked linears become the fabric's CSR layers in place (_compile)
+    alg: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    sampler: BatchSampler
+    eval_data: list[tuple[torch.Tensor, torch.Tensor]]
+    config_dict: dict[str, Any]
+    tokenizer_json: dict[str, Any]
+    step: int = 0
+    best_eval_loss: float = math.inf
+    mask_hashes: list[list[Any]] = field(default_factory=list)
+
+
+def _build(spec: JobSpec, model_dir: Path, rank: int, world_size: int) -> Run:
+    tokenizer, train_tokens, eval_tokens = token_streams(spec, model_dir, save_tokenizer_file=rank == 0)
+    config = model_config(spec, tokenizer.vocab_size)
+    model, alg = build_sparse_model(spec, config)
+    optimizer = make_optimizer(spec.optimizer, model)
+    if alg is not None:
+        alg.apply(optimizer)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_factor(spec.optimizer, spec.runconfig.max_steps))
+    train_in, eval_in = spec.train_input, spec.eval_input
+    sampler = BatchSampler(train_tokens, batch_size=train_in.batch_size, seq_len=train_in.seq_len,
+                           seed=spec.runconfig.seed, shuffle=train_in.shuffle, rank=rank,
+                           world_size=world_size)
+    eval_data = eval_batches(eval_tokens, batch_size=eval_in.batch_size, seq_len=eval_in.seq_len,
+                             steps=spec.runconfig.eval_steps, rank=rank, world_size=world_size)
+    return Run(spec=spec, model=model, alg=alg, optimizer=optimizer,
+               scheduler=scheduler, sampler=sampler, eval_data=eval_data,
+               config_dict=asdict(config), tokenizer_json=tokenizer.to_json())
+
+
+CALIBRATION_FILE = "kernel_calibration.json"
+
+
+def _job_calibration(model_dir: Path, all_reduce: AllReduce | None, write: bool) -> Any:
+    """The CSR-vs-dense timing calibration, one per job: replicas and resumed runs must choose
+    the same kernels (CSR and dense round differently). Measured on every rank, averaged with
+    the gradient all-reduce so all ranks hold the same numbers, saved in model_dir for resumes."""
+    import json
+    from dataclasses import fields
+
+    from simulator.crossover import KernelCalibration, calibrate
+
+    path = model_dir / CALIBRATION_FILE
+    if path.exists():
+        return KernelCalibration(**json.loads(path.read_text(encoding="utf-8")))
+    local = calibrate()
+    numeric = [f.name for f in fields(KernelCalibration) if f.type in ("float", float)]
+    values = torch.tensor([getattr(local, name) for name in numeric], dtype=torch.float64)
+    if all_reduce is not None:
+        all_reduce([values])
+    agreed = KernelCalibration(**{**asdict(local), **dict(zip(numeric, values.tolist()))})
+    if write:  # after the collective, so no rank can see the file half-way through the agreement
+        _atomic_write_json(path, asdict(agreed))
+    return agreed
+
+
+def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
+    import json
+    import os
+
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(payload), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _compile(run: Run, world_size: int, rank: int, model_dir: Path, all_reduce: AllReduce | None) -> None:
+    """Swap the masked linears (in place, same parameters, buffers and state_dict keys) for the
+    simulated fabric's CSR layers; each picks CSR or dense by the simulator's rule."""
+    if run.alg is not None:
+        import simulator
+
+        policy = run.spec.runconfig.sparse_kernel
+        calibration = _job_calibration(model_dir, all_reduce, write=rank == 0) if policy == "auto" else None
+        tokens = run.spec.train_input.batch_size // world_size * run.spec.train_input.seq_len
+        simulator.compile(run.model, algorithm=run.alg, tokens=tokens, kernel=policy,
+                          calibration=calibration)
+
+
+def _state(run: Run) -> dict[str, Any]:
+    return {
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "sparsity": run.alg.state_dict() if run.alg is not None else None,
+        "lr_scheduler": run.scheduler.state_dict(),
+        "rng": {"torch": torch.get_rng_state()},
+        "data_position": run.sampler.state_dict(),
+        "step": run.step,
+        "spec": run.spec.model_dump(mode="json"),
+        "model_config": run.config_dict,
+        "tokenizer": run.tokenizer_json,
+        "best_eval_loss": run.best_eval_loss,
+        "mask_hashes": list(run.mask_hashes),
+    }
+
+
+def _load_weights(run: Run, state: dict[str, Any], source: Path) -> None:
+    if state.get("model_config") != run.config_dict:
+        raise ValueError(f"checkpoint {str(source)!r} was trained with model {state.get('model_config')}, "
+                         f"but the spec builds {run.config_dict}")
+    if run.alg is None:
+        run.model.load_state_dict(state["model"])
+        return
+    from sparsity.checkpoint import load_into_sparse
+
+    if state.get("sparsity") is not None:
+        run.alg.load_state_dict(state["sparsity"])
+    # Same sparsity level: loads as saved; a changed level moves the masks to the new target.
+    load_into_sparse(run.model, state["model"], run.alg)
+
+
+def _restore(run: Run, path: Path) -> None:
+    state = ckpt.load_checkpoint(path)
+    _load_weights(run, state, path)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["lr_scheduler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    run.sampler.load_state_dict(state["data_position"])
+    run.step = int(state["step"])
+    run.best_eval_loss = float(state.get("best_eval_loss", math.inf))
+    run.mask_hashes = list(state.get("mask_hashes", []))
+
+
+@torch.no_grad()
+def evaluate(run: Run, all_reduce: AllReduce | None) -> dict[str, float]:
+    """Mean cross-entropy over the fixed eval batches (averaged over ranks) and perplexity."""
+    total = torch.zeros(1, dtype=torch.float64)
+    for inputs, targets in run.eval_data:
+        _, loss = run.model(inputs, targets)
+        total += loss.double()
+    total /= len(run.eval_data)
+    if all_reduce is not None:
+        all_reduce([total])
+    loss = float(total)
+    return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 700.0))}
+
+
+class MaskDivergence(RuntimeError):
+    """Data-parallel replicas ended a mask update with different masks."""
+
+
+def _check_replicas_agree(step: int, digest: str, all_reduce: AllReduce) -> None:
+    """Fail fast on the first diverging update: the mean over ranks of a 48-bit slice of the
+    mask hash (exact in float64) equals this rank's value on every rank iff all ranks agree."""
+    local = float(int(digest[:12], 16))
+    value = torch.tensor([local], dtype=torch.float64)
+    all_reduce([value])
+    if value.item() != local:
+        raise MaskDivergence(f"replicas hold different masks after the update at step {step}")
+
+
+class _MetricLog:
+    """Collects metrics per step and hands them to the tracker every log_steps (rank 0)."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker = tracker
+        self.pending: dict[int, dict[str, float]] = {}
+
+    def add(self, step: int, metrics: dict[str, float]) -> None:
+        if self.tracker is not None:
+            self.pending.setdefault(step, {}).update(metrics)
+
+    def flush(self) -> None:
+        for step in sorted(self.pending):
+            self.tracker.log_metrics(self.pending[step], step)
+        self.pending.clear()
+
+
+def _optimizer_step(run: Run, params: list[torch.nn.Parameter], all_reduce: AllReduce | None
+                    ) -> tuple[float, bool]:
+    """One step on this rank's slice of the next global batch; returns (global loss, whether the
+    step produced dense gradients for a mask update)."""
+    inputs, targets = run.sampler.next_batch()
+    run.optimizer.zero_grad(set_to_none=True)
+    _, loss = run.model(inputs, targets)
+    loss.backward()
+    step_loss = loss.detach().reshape(1).clone()  # float32: one collective with the grads
+    if all_reduce is not None:
+        # Before clipping and the optimizer step: RigL must grow from the averaged gradient.
+        all_reduce([p.grad for p in params if p.grad is not None] + [step_loss])
+    if run.alg is not None:
+        run.alg.mask_gradients()
+    if run.spec.optimizer.max_gradient_norm:
+        torch.nn.utils.clip_grad_norm_(params, run.spec.optimizer.max_gradient_norm)
+    dense_grad = run.alg is not None and run.alg.needs_dense_grad()
+    run.optimizer.step()  # sparsity hooks: mask grads/state, re-mask weights, update masks
+    run.scheduler.step()
+    run.step += 1
+    return float(step_loss), dense_grad
+
+
+def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evaluate_periodically: bool,
+                 all_reduce: AllReduce | None, tracker: Any, progress: Callable[[dict], None] | None,
+                 summary: dict[str, Any]) -> None:
+    rc = run.spec.runconfig
+    global_tokens = run.spec.train_input.batch_size * run.spec.train_input.seq_len
+    params = [p for p in run.model.parameters() if p.requires_grad]
+    projector = PerfProjector(run.model, run.alg, seq_len=run.spec.train_input.seq_len,
+                              global_tokens=global_tokens, num_csx=world_size)
+    log = _MetricLog(tracker if rank == 0 else None)
+    window_losses: list[float] = []
+    train_seconds, steps_timed = 0.0, 0
+    if run.alg is not None and not run.mask_hashes:
+        run.mask_hashes.append([run.step, mask_hash(run.alg)])
+    while run.step < rc.max_steps:
+        lr = run.optimizer.param_groups[0]["lr"]
+        started = time.perf_counter()
+        step_loss, dense_grad = _optimizer_step(run, params, all_reduce)
+        train_seconds += time.perf_counter() - started
+        steps_timed += 1
+        window_losses.append(step_loss)
+        summary["train_losses"].append([run.step, step_loss])
+
+        if run.alg is not None and run.alg.is_update_step(run.step):
+            run.mask_hashes.append([run.step, mask_hash(run.alg)])
+            if all_reduce is not None:
+                _check_replicas_agree(run.step, run.mask_hashes[-1][1], all_reduce)
+            log.add(run.step, run.alg.metrics())
+            if tracker is not None and rank == 0:
+                tracker.log_mask_update(run.step, {n: m.clone() for n, _, m in run.alg.sparse_parameters()})
+        if evaluate_periodically and rc.eval_frequency and run.step % rc.eval_frequency == 0:
+            _record_eval(run, evaluate(run, all_reduce), summary, log)
+        is_last = run.step == rc.max_steps
+        if rank == 0 and (is_last or (rc.checkpoint_steps and run.step % rc.checkpoint_steps == 0)):
+            summary["checkpoint"] = str(ckpt.save_checkpoint(_state(run), ckpt.checkpoint_path(model_dir, run.step)))
+            if tracker is not None:  # what a resume would not log again must reach MLflow now
+                log.flush()
+                tracker.flush()
+        if run.step % rc.log_steps and not is_last:
+            continue
+        tokens_per_s = global_tokens * steps_timed / train_seconds
+        metrics = {"train/loss": sum(window_losses) / len(window_losses), "lr": lr,
+                   "perf/tokens_per_s": tokens_per_s, **projector.metrics(dense_grad)}
+        if run.alg is not None:  # mask/* belong to update steps, logged there
+            metrics.update({k: v for k, v in run.alg.metrics().items() if not k.startswith("mask/")})
+        log.add(run.step, metrics)
+        log.flush()
+        window_losses.clear()
+        summary["train_loss"] = metrics["train/loss"]
+        summary.update({k.removeprefix("perf/"): v for k, v in metrics.items() if k.startswith("perf/")})
+        if progress is not None:  # per log step: for the Ray runner each call is a round trip
+            progress({"step": run.step, "max_steps": rc.max_steps, "loss": metrics["train/loss"],
+                      "lr": lr, "tokens_per_s": tokens_per_s,
+                      "eta_s": (rc.max_steps - run.step) * train_seconds / steps_timed})
+    log.flush()
+
+
+def _record_eval(run: Run, metrics: dict[str, float], summary: dict[str, Any], log: _MetricLog) -> None:
+    run.best_eval_loss = min(run.best_eval_loss, metrics["eval/loss"])
+    summary["eval_history"].append({"step": run.step, "loss": metrics["eval/loss"],
+                                    "perplexity": metrics["eval/perplexity"]})
+    log.add(run.step, metrics)
+    log.flush()
+
+
+def _checkpoints_to_evaluate(spec: JobSpec, model_dir: Path, mode: str) -> list[Path]:
+    if mode == "eval_all":
+        found = [path for _, path in ckpt.list_checkpoints(model_dir)]
+    elif spec.runconfig.checkpoint_path:
+        found = [Path(spec.runconfig.checkpoint_path)]
+    else:
+        latest = ckpt.latest_checkpoint(model_dir)
+        found = [latest] if latest else []
+    if not found:
+        raise ValueError(f"mode {mode!r} needs a checkpoint, but model_dir {str(model_dir)!r} has none "
+                         "(and runconfig.checkpoint_path is not set)")
+    return found
+
+
+def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, world_size: int = 1,
+          all_reduce: AllReduce | None = None, tracker: Any = None,
+          progress: Callable[[dict], None] | None = None) -> dict:
+    """Run ``mode`` (train | eval | train_and_eval | eval_all) as rank ``rank`` of ``world_size``.
+
+    Returns a summary: steps, train_loss, final/best eval loss and perplexity, eval_history,
+    train_losses ([step, loss] of the steps run here), tokens_per_s, the perf projection
+    (sim_step_ms, speedup_vs_dense, scaling_efficiency), mask_hashes ([step, sha256] pairs: initial
+    masks and every update step), kernels (the fabric's CSR/dense choice per sparse layer) and
+    the last checkpoint written.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    folder = Path(model_dir)
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "params.yaml").write_text(spec.to_yaml(), encoding="utf-8")
+    run = _build(spec, folder, rank, world_size)
+    summary: dict[str, Any] = {"mode": mode, "eval_history": [], "train_losses": []}
+    log = _MetricLog(tracker if rank == 0 else None)
+
+    if mode in ("eval", "eval_all"):
+        _compile(run, world_size, rank, folder, all_reduce)  # loading a checkpoint later updates the CSR layers' tensors in place
+        for path in _checkpoints_to_evaluate(spec, folder, mode):
+            state = ckpt.load_checkpoint(path)
+            _load_weights(run, state, path)
+            run.step = int(state["step"])
+            _record_eval(run, evaluate(run, all_reduce), summary, log)
+    else:
+        start = ckpt.latest_checkpoint(folder) or spec.runconfig.checkpoint_path
+        if start:
+            _restore(run, Path(start))
+        _compile(run, world_size, rank, folder, all_reduce)
+        _train_steps(run, world_size=world_size, rank=rank, model_dir=folder,
+                     evaluate_periodically=mode == "train_and_eval", all_reduce=all_reduce,
+                     tracker=tracker, progress=progress, summary=summary)
+        evaluated_last = summary["eval_history"] and summary["eval_history"][-1]["step"] == run.step
+        if mode == "train_and_eval" and not evaluated_last:
+            _record_eval(run, evaluate(run, all_reduce), summary, log)
+    return _finish(run, summary)
+
+
+def _finish(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
+    summary.update({"steps": run.step, "mask_hashes": list(run.mask_hashes)})
+    if run.alg is not None:
+        import simulator
+
+        summary["kernels"] = {d.name: d.kernel for d in simulator.decisions(run.model)}
+    if summary["eval_history"]:
+        last = summary["eval_history"][-1]
+        best = min(summary["eval_history"], key=lambda entry: entry["loss"])
+        best_loss = min(run.best_eval_loss, best["loss"])
+        summary.update({"final_eval_loss": last["loss"], "final_eval_perplexity": last["perplexity"],
+                        "best_eval_loss": best_loss, "best_eval_perplexity": math.exp(min(best_loss, 700.0))})
+    return summary

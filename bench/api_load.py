@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import httpx
 from sqlalchemy import create_engine, func, select
+
+from service.local_stack import StackProcess, free_port, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "api_load.json"
@@ -35,12 +36,6 @@ BODY = {
         "runconfig": {"max_steps": 100},
     },
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -83,20 +78,6 @@ async def fire(url: str, token: str, total: int, clients: int, deadline_s: float
     }
 
 
-def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"uvicorn exited with {server.returncode}")
-        try:
-            if httpx.get(f"{url}/v1/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"uvicorn did not become healthy within {timeout_s} s")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="200 submissions, 20 clients")
@@ -118,17 +99,17 @@ def main() -> int:
         ).stdout.strip().splitlines()[-1]
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "service.main:app", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning", "--no-access-log"],
-            env=env, cwd=ROOT,
-        )
+        server = StackProcess.start(
+            "uvicorn", [sys.executable, "-m", "uvicorn", "service.main:app", "--host",
+                        "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                        "--no-access-log"],
+            log_path=Path(folder) / "uvicorn.log", env=env, cwd=ROOT)
         try:
-            wait_healthy(url, server)
+            wait_until_up(f"{url}/v1/healthz", server, timeout_s=60)
             result = asyncio.run(fire(url, token, total, clients, args.deadline_s))
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            server.popen.terminate()
+            server.popen.wait(timeout=30)
         engine = create_engine(db_url)
         from service.models import Job
 

@@ -109,6 +109,19 @@ def crossover(rows: list[dict]) -> float | None:
     return None
 
 
+def headline(flat: list[dict], groups: list[dict]) -> dict:
+    """The figures bench/run_all.py tabulates: the slowest case at each targeted sparsity."""
+    summary = {f"min_speedup_at_{sparsity}": min(r["csr_speedup"] for r in flat
+                                                 if r["sparsity"] == sparsity)
+               for sparsity in TARGETS if any(r["sparsity"] == sparsity for r in flat)}
+    summary["targets_met"] = (f"{sum(r.get('meets_target') is True for r in flat)}"
+                              f"/{sum('target' in r for r in flat)}")
+    crossovers = sorted(g["crossover_sparsity_measured"] for g in groups
+                        if g["crossover_sparsity_measured"] is not None)
+    summary["median_crossover_sparsity"] = crossovers[len(crossovers) // 2] if crossovers else None
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer cases and repeats (~1 min)")
@@ -178,7 +191,8 @@ def main() -> None:
     args.out.write_text(json.dumps({
         "machine": {"processor": platform.processor() or platform.machine(),
                     "torch": torch.__version__, "native_kernels": kernels is not None},
-        "quick": args.quick, "rows": flat, "crossover": groups}, indent=2))
+        "quick": args.quick, **headline(flat, groups), "rows": flat, "crossover": groups},
+        indent=2))
     print(f"wrote {args.out}")
 
 

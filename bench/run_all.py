@@ -5,6 +5,8 @@ after another (they time CPUs, so never side by side), then tabulates each one's
 numbers: its top-level ratios, rates and latencies, with the machine they were measured on.
 
     python bench/run_all.py [--quick] [--only csr_linear,dp_scaling]
+
+A complete run (no --only) also copies the table into README.md's Benchmarks section.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 SUMMARY = RESULTS / "summary.md"
+README = BENCH.parent / "README.md"
+README_START, README_END = "<!-- bench-summary -->", "<!-- /bench-summary -->"
 # Not benchmarks: this runner, and the docs/results.md study (make results) with its renderer.
 NOT_BENCHMARKS = {"run_all", "study_results", "study_report"}
-HEADLINE = re.compile(r"ratio|per_s|_ms$|speedup|meets_target|efficiency")
+HEADLINE = re.compile(r"ratio|per_s|_ms$|speedup|meets_target|targets_met|crossover|efficiency")
 
 
 def benchmarks() -> list[str]:
@@ -91,7 +95,16 @@ def main() -> int:
         "| benchmark | status | wall s | headline (bench/results/<name>.json) |",
         "|---|---|---|---|", *rows, ""]), encoding="utf-8")
     print(SUMMARY.read_text())
+    if not args.only:  # the README shows a complete run only
+        update_readme(SUMMARY.read_text(encoding="utf-8"))
     return 1 if failed else 0
+
+
+def update_readme(summary: str) -> None:
+    """Put the summary between README's bench-summary markers."""
+    readme = README.read_text(encoding="utf-8")
+    start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
+    README.write_text(readme[:start] + "\n" + summary + readme[end:], encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ class StackProcess:
         """SIGTERM to the process (uvicorn, mlflow and `ray start --block` shut down cleanly on
         it), then SIGKILL to its group and to every descendant seen before: gcs_server ignores
         SIGTERM and Ray puts each worker in a process group of its own."""
-        family = _descendants(self.popen.pid)
+        family = descendants(self.popen.pid)
         if self.popen.poll() is None:
             self.popen.terminate()
         try:
@@ -101,7 +101,7 @@ class StackProcess:
         self.popen.wait()
 
 
-def _descendants(root: int) -> list[int]:
+def descendants(root: int) -> list[int]:
     """Every living descendant of `root`, from /proc (empty where there is no /proc)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):

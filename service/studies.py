@@ -17,6 +17,7 @@ from workers.spec import JobSpec
 UPDATE_STOP_FRACTION = 0.75
 UPDATES_PER_RUN = 10
 GRANET_INIT_SPARSITY = 0.5
+INITIAL_DROP_FRACTION = 0.3
 
 
 def variant_sparsity(algorithm: str, level: float | None, max_steps: int) -> Any:
@@ -27,7 +28,10 @@ def variant_sparsity(algorithm: str, level: float | None, max_steps: int) -> Any
         return {"algorithm": "static", "sparsity": level}
     stop = max(1, int(max_steps * UPDATE_STOP_FRACTION))
     update = {"freq": max(1, stop // UPDATES_PER_RUN), "stop": stop}
-    section = {"algorithm": algorithm, "sparsity": level, "update": update, "drop_fraction": 0.3}
+    # RigL's cosine decay (Evci et al. 2020): the last updates barely disturb the trained mask.
+    drop_fraction = {"type": "cosine", "init": INITIAL_DROP_FRACTION, "half_period": stop}
+    section = {"algorithm": algorithm, "sparsity": level, "update": update,
+               "drop_fraction": drop_fraction}
     if algorithm == "granet":
         section["init_sparsity"] = min(GRANET_INIT_SPARSITY, level or 0.0)
     return section

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from fastapi.testclient import TestClient
 
 from service import crud
 from service.db import make_engine, upgrade_database
+from service.local_stack import StackProcess, descendants, free_port, wait_until_up
 from service.models import Base
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -124,26 +124,6 @@ def wait_status(client: TestClient, headers: dict[str, str], job_id: int, status
     return wait_for(current, timeout_s, f"job {job_id} to reach {status}")
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (from /proc), so a test kills exactly what it started."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        parent = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def is_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -162,24 +142,14 @@ class ServerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 90) -> None:
-        log = (self.cwd / f"uvicorn-{self.port}-{time.monotonic_ns()}.log").open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "service.main:app", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "warning"],
-            env=self.env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)  # its own process group: Ray's agents stay in it
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"uvicorn exited with {self.process.returncode}: "
-                                     f"{Path(log.name).read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/v1/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("uvicorn did not become healthy")
+        # Its own process group (StackProcess): Ray's agents stay in it.
+        server = StackProcess.start(
+            "uvicorn", [sys.executable, "-m", "uvicorn", "service.main:app", "--host",
+                        "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+            log_path=self.cwd / f"uvicorn-{self.port}-{time.monotonic_ns()}.log",
+            env=self.env, cwd=REPO_ROOT)
+        self.process = server.popen
+        wait_until_up(f"{self.url}/v1/healthz", server, timeout_s)
 
     def kill_hard(self) -> list[int]:
         """SIGKILL the server and every process it started (Ray included), as a crash would."""
@@ -216,12 +186,6 @@ def _kill_all(pids: list[int], group: int) -> None:
         os.killpg(group, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def assert_schema_matches_models(url: str) -> None:

@@ -244,13 +244,22 @@ class SparsityAlgorithm(ABC):
 
     @torch.no_grad()
     def reset_positions(self, param: nn.Parameter, positions: torch.Tensor) -> None:
-        """Zero weight and same-shaped optimizer state at ``positions``: entries an update regrows
-        after dropping them in the same update start from zero like any grown entry."""
-        param.masked_fill_(positions, 0)
-        for optimizer in self._optimizers:
-            for value in optimizer.state.get(param, {}).values():
-                if _is_state_like(value, param):
-                    value.masked_fill_(positions, 0)
+        """Zero weight, gradient and same-shaped optimizer state at ``positions`` (bool, the
+        parameter's shape): entries an update drops, or regrows after dropping them in the same
+        update, start from zero like any grown entry. Costs O(numel) once, then O(positions)."""
+        index = torch.nonzero(positions.reshape(-1)).squeeze(1)
+        if index.numel() == 0:
+            return
+        states = [value for optimizer in self._optimizers
+                  for value in optimizer.state.get(param, {}).values()
+                  if _is_state_like(value, param)]
+        for tensor in (param, param.grad, *states):
+            if tensor is None:
+                continue
+            if tensor.is_contiguous():
+                tensor.view(-1).index_fill_(0, index, 0)
+            else:
+                tensor.masked_fill_(positions, 0)
 
     # ------------------------------------------------------------------------- the schedule
     def is_update_step(self, step: int) -> bool:
@@ -333,7 +342,7 @@ class SparsityAlgorithm(ABC):
         if not self._computed_hooks:
             return
         for sp in self._params:
-            actual = 1.0 - sp.mask.sum().item() / sp.mask.numel()
+            actual = 1.0 - int(torch.count_nonzero(sp.mask)) / sp.mask.numel()
             for hook in self._computed_hooks.values():
                 hook(self, sp.name, actual)
 
@@ -342,7 +351,7 @@ class SparsityAlgorithm(ABC):
         out: dict[str, float] = {}
         kept = total = 0
         for sp in self._params:
-            nnz, numel = int(sp.mask.sum()), sp.mask.numel()
+            nnz, numel = int(torch.count_nonzero(sp.mask)), sp.mask.numel()
             kept, total = kept + nnz, total + numel
             out[f"sparsity/{sp.name}/target"] = self._targets.get(sp.name, float("nan"))
             out[f"sparsity/{sp.name}/actual"] = 1.0 - nnz / numel
@@ -416,15 +425,10 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
         old = {sp.name: sp.mask.clone() for sp in self._params}
         for sp in self._params:
             sp.mask.copy_(self.update_mask(sp.param, sp.mask, targets[sp.name]))
-        # Entries inactive before the update already hold weight 0 and zero state (masked after
-        # every step); update_mask resets the ones it regrows after dropping them. Dropped ones
-        # are zeroed everywhere now, their leftover gradient included.
-        self.mask_weights()
-        for sp in self._params:
-            if sp.param.grad is not None:
-                sp.param.grad.masked_fill_(~sp.mask, 0)
-        for optimizer in self._optimizers:
-            self._mask_optimizer_state(optimizer)
+            # Entries inactive before the update already hold weight, gradient and state 0
+            # (masked at every step); update_mask resets the ones it regrows after dropping
+            # them. Only the dropped ones are left to zero.
+            self.reset_positions(sp.param, old[sp.name] & ~sp.mask)
         self.stats.record(old, {sp.name: sp.mask for sp in self._params})
         self._notify_computed()
 

@@ -94,7 +94,7 @@ class Group(SparsityAlgorithm):
         entries = self.sparse_parameters()
         total = sum(mask.numel() for _, _, mask in entries)
         if total:
-            out["sparsity/global"] = 1.0 - sum(int(mask.sum()) for _, _, mask in entries) / total
+            out["sparsity/global"] = 1.0 - sum(int(torch.count_nonzero(mask)) for _, _, mask in entries) / total
         out.update(MaskStats.metrics(m.stats for m in self.members))
         return out
 

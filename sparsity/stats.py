@@ -27,11 +27,12 @@ class MaskStats:
         counts = dict.fromkeys(_COUNTS, 0)
         for name, old in before.items():
             new = after[name]
-            counts["drops"] += int((old & ~new).sum())
-            counts["grows"] += int((new & ~old).sum())
-            counts["active_before"] += int(old.sum())
-            self.union[name] = self.union[name] | new
-            counts["ever_active"] += int(self.union[name].sum())
+            active_before, stayed = int(torch.count_nonzero(old)), int(torch.count_nonzero(old & new))
+            counts["drops"] += active_before - stayed
+            counts["grows"] += int(torch.count_nonzero(new)) - stayed
+            counts["active_before"] += active_before
+            self.union[name] |= new
+            counts["ever_active"] += int(torch.count_nonzero(self.union[name]))
             counts["total"] += new.numel()
         self.last = counts
 

@@ -168,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command).parse_args(argv)
-    logging.basicConfig(level=getattr(args, "logging", "INFO"), format="%(levelname)s %(name)s: %(message)s")
+    level = getattr(args, "logging", "INFO")
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if level != "DEBUG":  # HTTP clients log every request at INFO, drowning the progress lines
+        for chatty in ("httpx", "httpcore"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         return args.handler(args)
     except ValueError as err:  # bad spec or input: the message names the field, no traceback

@@ -31,6 +31,33 @@ def test_random_tie_breaker_is_seeded_and_exact():
     assert not torch.equal(a, topk_mask(score, 100, RandomTieBreaker(8)))
 
 
+def full_sort_topk(score: torch.Tensor, k: int) -> torch.Tensor:
+    """The obvious implementation: stable sort of the whole row, lowest index first on ties."""
+    order = torch.sort(torch.nan_to_num(score, nan=-float("inf")), descending=True, stable=True).indices
+    mask = torch.zeros_like(score, dtype=torch.bool)
+    mask[order[:k]] = True
+    return mask
+
+
+@pytest.mark.parametrize("n", [7, 1000, 70_000, 300_000])  # the last two take the sampled path
+@pytest.mark.parametrize("seed", [0, 1])
+def test_selection_equals_a_full_sort(n, seed):
+    generator = torch.Generator().manual_seed(seed)
+    score = torch.randint(0, 50, (n,), generator=generator).float()  # heavy ties
+    score[torch.rand(n, generator=generator) < 0.3] = -float("inf")  # masked-out entries
+    score[torch.rand(n, generator=generator) < 0.01] = float("nan")
+    for k in {0, 1, n // 100, n // 3, n // 2, n - 1, n}:
+        got = topk_mask(score.reshape(1, -1), k, FirstTieBreaker())[0]
+        assert int(got.sum()) == k
+        assert torch.equal(got, full_sort_topk(score, k)), k
+
+
+def test_random_ties_are_spread_over_the_tensor():
+    chosen = torch.nonzero(topk_mask(torch.zeros(1, 10_000), 1000, RandomTieBreaker(5))[0]).float()
+    # A lowest-index rule would pick 0..999 (mean 499.5); a seeded shuffle picks across the range.
+    assert 4000 < chosen.mean() < 6000 and chosen.max() > 9000
+
+
 def test_topk_is_independent_of_thread_count():
     score = torch.randint(0, 4, (1, 50000)).float()  # many ties
     old = torch.get_num_threads()

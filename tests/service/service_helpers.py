@@ -1,19 +1,25 @@
-"""Helpers for the service tests: tokens, request bodies, polling, a scripted launcher.
+"""Helpers for the service tests: tokens, request bodies, polling, a scripted launcher, and
+the processes of the end-to-end tests (uvicorn, a private PostgreSQL server).
 
 `ScriptedLauncher` stands in for workers.runner.start_job in the fast tests: each launched job
 blocks until the test finishes, fails or crashes it, so the scheduler's state machine can be
-driven step by step. The end-to-end tests (restart, studies) use the real Ray runner.
+driven step by step. The end-to-end tests (restart, studies, topology) use the real Ray runner.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,7 @@ from service.local_stack import StackProcess, descendants, free_port, wait_until
 from service.models import Base
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PG_SCRIPT = Path(__file__).with_name("pg.sh")
 
 
 class ScriptedHandle:
@@ -197,3 +204,109 @@ def assert_schema_matches_models(url: str) -> None:
         assert set(inspect(connection).get_table_names()) >= {
             "jobs", "job_events", "studies", "tokens", "idempotency_keys", "alembic_version"}
     engine.dispose()
+
+
+def processes_with_env(text: str) -> list[int]:
+    """Living processes whose environment mentions `text` (a test's own state folder): what a
+    stack started and failed to stop, whatever process group or session it moved to."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if text.encode() in environ.read_bytes() and is_alive(int(environ.parent.name)):
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def listening_sockets(pids: Iterable[int]) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state that one of `pids` holds (/proc)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:["):-1])
+        except OSError:
+            continue  # exited meanwhile
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: TCP_LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)  # 32-bit words in host (little-endian) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            ip = ipaddress.ip_address(raw)
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped
+            found.add((str(ip), int(port, 16)))
+    return found
+
+
+@dataclass
+class PostgresServer:
+    """A private PostgreSQL server on 127.0.0.1 (initdb + pg_ctl, trust auth, superuser
+    `postgres`), its socket and data in a temporary folder; tests/service/pg.sh installs the
+    Debian package when the binaries are missing."""
+
+    bin_dir: Path
+    data_dir: Path
+    port: int
+    as_user: list[str]  # initdb refuses to run as root, so root runs it as user postgres
+
+    @classmethod
+    def start(cls) -> PostgresServer:
+        found = subprocess.run(["bash", str(PG_SCRIPT)], capture_output=True, text=True)
+        if found.returncode != 0:
+            raise RuntimeError(f"PostgreSQL is required for this test and could not be "
+                               f"installed: {found.stderr.strip()}")
+        as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        data = Path(tempfile.mkdtemp(prefix="csx-pg-"))
+        if as_user:
+            user = pwd.getpwnam("postgres")
+            os.chown(data, user.pw_uid, user.pw_gid)
+        server = cls(Path(found.stdout.strip().splitlines()[-1]), data, free_port(), as_user)
+        try:
+            server._run("initdb", "-D", str(data / "db"), "-U", "postgres", "--auth=trust",
+                        "-E", "UTF8")
+            server._run("pg_ctl", "-D", str(data / "db"), "-w", "-l", str(data / "log"), "-o",
+                        f"-p {server.port} -k {data} -c listen_addresses=127.0.0.1", "start")
+        except BaseException:
+            shutil.rmtree(data, ignore_errors=True)
+            raise
+        return server
+
+    def url(self, database: str = "postgres") -> str:
+        """The URL as docker-compose.yml writes it (Settings picks the psycopg 3 driver)."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        """`createdb` over TCP on 127.0.0.1, like docker/postgres-init.sql's CREATE DATABASE."""
+        self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
+        return self.url(name)
+
+    def is_ready(self, database: str = "postgres") -> bool:
+        """What the compose api service polls before migrating: `pg_isready`."""
+        ready = subprocess.run([str(self.bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p",
+                                str(self.port), "-U", "postgres", "-d", database],
+                               capture_output=True)
+        return ready.returncode == 0
+
+    def pid(self) -> int:
+        """The postmaster's process id (first line of postmaster.pid)."""
+        return int((self.data_dir / "db" / "postmaster.pid").read_text().split()[0])
+
+    def stop(self) -> None:
+        subprocess.run([*self.as_user, str(self.bin_dir / "pg_ctl"), "-D",
+                        str(self.data_dir / "db"), "-m", "fast", "-w", "stop"],
+                       capture_output=True)
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _run(self, tool: str, *args: str) -> None:
+        done = subprocess.run([*self.as_user, str(self.bin_dir / tool), *args],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stderr.strip()}")

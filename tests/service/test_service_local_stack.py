@@ -18,6 +18,7 @@ from service.local_stack import (
     progress_line,
     run_local_study,
 )
+from service_helpers import processes_with_env
 
 TINY_STUDY = {
     "name": "tiny-study", "algorithms": ["dense", "rigl"], "sparsity": 0.8,
@@ -27,18 +28,6 @@ TINY_STUDY = {
     "runconfig": {"max_steps": 6, "eval_frequency": 3, "eval_steps": 1, "log_steps": 2,
                   "seed": 0, "num_csx": 2},
 }
-
-
-def processes_with_env(text: str) -> list[int]:
-    """Living processes whose environment mentions `text` (the stack's state folder)."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if text.encode() in environ.read_bytes():
-                found.append(int(environ.parent.name))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.mark.slow

@@ -5,9 +5,10 @@ way training drives it: dense-gradient capture, then `update(force=True)` with t
 growth, zeroing of weights and AdamW moments, and the churn statistics. The peer is the same
 update written as the TF and rigl-torch references do it: sort every score of the tensor once
 to drop, once more to grow. Both start from the same weights, gradients, masks and optimizer
-state, and must return the same mask (the scores are continuous, so there are no ties).
-Targets: ≤ 30 ns/parameter and ≥ 3× faster than the full sort. Writes
-bench/results/mask_update.json.
+state, and must return the same mask, except where float32 scores tie at a selection threshold
+(at 10^7 parameters some do): there each side may pick a different, equally valid entry. A
+warm-up update runs first, untimed. Targets: ≤ 30 ns/parameter and ≥ 3× faster than the full
+sort. Writes bench/results/mask_update.json.
 
     python bench/mask_update.py [--quick] [--threads 1]
 """
@@ -79,6 +80,7 @@ def time_once(numel: int, seed: int) -> dict[str, float]:
     weight = model.weight
     mask = model.weight_mask
     peer_weight, peer_grad, peer_mask = weight.detach().clone(), weight.grad.clone(), mask.clone()
+    peer_weight_before = peer_weight.clone()  # the peer zeroes dropped weights in place
     peer_state = {k: v.clone() for k, v in optimizer.state[weight].items() if torch.is_tensor(v)
                   and v.shape == weight.shape}
 
@@ -90,9 +92,42 @@ def time_once(numel: int, seed: int) -> dict[str, float]:
     started = time.perf_counter()
     peer = full_sort_update(peer_weight, peer_grad, peer_mask, peer_state)
     peer_s = time.perf_counter() - started
-    if not torch.equal(peer, mask):
-        raise AssertionError(f"masks differ at {numel} parameters")
+    check_same_up_to_ties(mask, peer, peer_mask, peer_weight_before, peer_grad)
     return {"ours_s": ours_s, "full_sort_s": peer_s}
+
+
+def check_same_up_to_ties(ours: torch.Tensor, peer: torch.Tensor, old: torch.Tensor,
+                          weight: torch.Tensor, grad: torch.Tensor) -> None:
+    """Equal masks; or, where float32 scores tie at a threshold, two equally valid RigL updates.
+
+    The drop threshold t_w (the n_drop-th smallest active |w|) is the same for both sides: each
+    keeps every active entry above it, and an entry of |w| = t_w may be kept by one side and
+    dropped by the other. That changes the growth candidates by one, so each side's growth
+    threshold (the smallest |g| among the entries it surely grew) may tie too. Besides equal
+    counts, ours must keep every entry above t_w and grow no entry scoring below one it left
+    out; every difference from the peer must sit on one of those ties.
+    """
+    if torch.equal(ours, peer):
+        return
+    if int(ours.sum()) != int(peer.sum()):
+        raise AssertionError(f"nnz differs: ours {int(ours.sum())}, full sort {int(peer.sum())}")
+    magnitude, gradient = weight.abs(), grad.abs()
+    n_drop = math.floor(DROP_FRACTION * int(old.sum()))
+    t_w = magnitude[old].kthvalue(n_drop).values
+    surely_kept, drop_tie = old & (magnitude > t_w), old & (magnitude == t_w)
+    if not bool(ours[surely_kept].all()):
+        raise AssertionError("ours dropped an active entry above the drop threshold")
+    grown = [side & ~surely_kept & ~drop_tie for side in (ours, peer)]
+    left_out = ~ours & ~surely_kept
+    if bool(left_out.any()) and gradient[left_out].max() > gradient[grown[0]].min():
+        raise AssertionError("ours grew an entry whose |g| is below one it left out")
+    explained = drop_tie.clone()
+    for surely_grown in grown:
+        explained |= gradient == gradient[surely_grown].min()
+    unexplained = int(((ours != peer) & ~explained).sum())
+    if unexplained:
+        raise AssertionError(f"masks differ at {unexplained} positions whose scores tie with no "
+                             f"selection threshold ({ours.numel()} parameters)")
 
 
 def main() -> None:
@@ -107,6 +142,7 @@ def main() -> None:
     rows = []
     print(f"RigL update at {SPARSITY:.0%}, drop fraction {DROP_FRACTION}, AdamW state, "
           f"{args.threads} thread(s); median of {repeats}")
+    time_once(sizes[0], seed=repeats)  # warm-up: first calls pay one-off allocation and dispatch
     for numel in sizes:
         times = [time_once(numel, seed) for seed in range(repeats)]
         ours = statistics.median(t["ours_s"] for t in times)

@@ -6,8 +6,8 @@ update cadence and asks subclasses for one method, ``update_mask(p, mask, sparsi
 Per optimizer step t (any ``torch.optim`` optimizer, through its step hooks):
 
 * pre-step: on an update step of a gradient-growing algorithm the dense gradient is captured,
-  then gradients are masked (``masked_fill``, so NaN/inf at pruned positions become 0) and every
-  optimizer state tensor of the parameter's shape is masked;
+  then gradients are masked (exactly: NaN/inf at pruned positions become 0) and every optimizer
+  state tensor of the parameter's shape is masked unless it is provably still masked;
 * post-step: weights and state are masked again, the counter becomes t, and if t is an update
   step the masks change now and are used from forward t+1.
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import sys
+import weakref
 import zlib
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -33,7 +34,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .distributions import get_distribution
 from .init_methods import INIT_METHODS
-from .masks import RandomTieBreaker
+from .masks import RandomTieBreaker, apply_mask_
 from .stats import MaskStats
 from .schedules import Schedule, make_schedule, make_update_schedule
 
@@ -136,6 +137,8 @@ class SparsityAlgorithm(ABC):
         self._target_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._computed_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._dense_grads: dict[nn.Parameter, torch.Tensor] = {}
+        # id(state tensor) -> (weak references to it and to the mask, _stamp when we masked it)
+        self._masked_state: dict[int, tuple[weakref.ref, weakref.ref, tuple[int, ...]]] = {}
         self._grads_prepared = False
         self._targets: dict[str, float] = {}
         self.stats = MaskStats()
@@ -199,14 +202,31 @@ class SparsityAlgorithm(ABC):
     @torch.no_grad()
     def mask_weights(self) -> None:
         for sp in self._params:
-            sp.param.masked_fill_(~sp.mask, 0)
+            apply_mask_(sp.mask, sp.param)
 
     @torch.no_grad()
-    def _mask_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+    def _mask_optimizer_state(self, optimizer: torch.optim.Optimizer, with_weights: bool = False) -> None:
+        """Mask every state tensor of a sparse parameter's shape (and the weights too if asked, in
+        the same pass over each mask), except states provably masked already: the same tensor
+        under the same mask, neither written since we masked it (a loaded optimizer state is a
+        new tensor, a loaded mask a write). So the pre-step pass costs nothing after the
+        post-step pass of the previous step."""
         for sp in self._params:
-            for value in optimizer.state.get(sp.param, {}).values():
-                if _is_state_like(value, sp.param):
-                    value.masked_fill_(~sp.mask, 0)
+            stale = [value for value in optimizer.state.get(sp.param, {}).values()
+                     if _is_state_like(value, sp.param) and not self._still_masked(value, sp.mask)]
+            if stale or with_weights:
+                self._mask_tensors(sp.mask, [sp.param] if with_weights else [], stale)
+
+    def _still_masked(self, value: torch.Tensor, mask: torch.Tensor) -> bool:
+        entry = self._masked_state.get(id(value))
+        return (entry is not None and entry[0]() is value and entry[1]() is mask
+                and entry[2] == _stamp(value, mask))
+
+    def _mask_tensors(self, mask: torch.Tensor, tensors: list[torch.Tensor],
+                      states: list[torch.Tensor]) -> None:
+        apply_mask_(mask, *tensors, *states)
+        for value in states:
+            self._masked_state[id(value)] = (weakref.ref(value), weakref.ref(mask), _stamp(value, mask))
 
     @torch.no_grad()
     def mask_gradients(self) -> None:
@@ -224,7 +244,7 @@ class SparsityAlgorithm(ABC):
             }
         for sp in self._params:
             if sp.param.grad is not None:
-                sp.param.grad.masked_fill_(~sp.mask, 0)
+                apply_mask_(sp.mask, sp.param.grad)
         self._grads_prepared = True
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -239,27 +259,17 @@ class SparsityAlgorithm(ABC):
             if self.autoupdate:
                 self.update()
             self._dense_grads = {}
-        self.mask_weights()
-        self._mask_optimizer_state(optimizer)
+        self._mask_optimizer_state(optimizer, with_weights=True)
 
     @torch.no_grad()
-    def reset_positions(self, param: nn.Parameter, positions: torch.Tensor) -> None:
-        """Zero weight, gradient and same-shaped optimizer state at ``positions`` (bool, the
-        parameter's shape): entries an update drops, or regrows after dropping them in the same
-        update, start from zero like any grown entry. Costs O(numel) once, then O(positions)."""
-        index = torch.nonzero(positions.reshape(-1)).squeeze(1)
-        if index.numel() == 0:
-            return
+    def zero_outside(self, param: nn.Parameter, mask: torch.Tensor) -> None:
+        """Zero weight, gradient and same-shaped optimizer state of ``param`` outside the bool
+        ``mask`` (the parameter's shape), so entries an update deactivates hold zeros, and entries
+        it regrows after dropping them start from zero like any grown entry."""
+        tensors = [param] if param.grad is None else [param, param.grad]
         states = [value for optimizer in self._optimizers
-                  for value in optimizer.state.get(param, {}).values()
-                  if _is_state_like(value, param)]
-        for tensor in (param, param.grad, *states):
-            if tensor is None:
-                continue
-            if tensor.is_contiguous():
-                tensor.view(-1).index_fill_(0, index, 0)
-            else:
-                tensor.masked_fill_(positions, 0)
+                  for value in optimizer.state.get(param, {}).values() if _is_state_like(value, param)]
+        self._mask_tensors(mask, tensors, states)
 
     # ------------------------------------------------------------------------- the schedule
     def is_update_step(self, step: int) -> bool:
@@ -295,7 +305,8 @@ class SparsityAlgorithm(ABC):
         return RandomTieBreaker(_mixed_seed(self.seed, self.step, name, "ties"))
 
     def dense_grad(self, param: nn.Parameter) -> torch.Tensor:
-        """The dense gradient captured before masking on this update step."""
+        """The dense gradient captured before masking on this update step: a copy private to the
+        update (RigL's ``grow_score`` turns it into its magnitude in place)."""
         try:
             return self._dense_grads[param]
         except KeyError:
@@ -390,7 +401,14 @@ class SparsityAlgorithm(ABC):
 
 
 class DynamicSparsityAlgorithm(SparsityAlgorithm):
-    """Masks that change on update steps. Subclasses override :meth:`update_mask` only."""
+    """Masks that change on update steps. Subclasses override :meth:`update_mask` only.
+
+    After ``update_mask`` returns, weight, gradient and optimizer state are zeroed outside the
+    new mask, unless the class sets ``zeroes_dropped`` because ``update_mask`` has already
+    zeroed everything it dropped (SET does, to zero entries it regrows as well).
+    """
+
+    zeroes_dropped: ClassVar[bool] = False
 
     def __init__(self, sparsity: Any = None, *, update: Any = None, **kwargs: Any) -> None:
         if update is None:
@@ -425,10 +443,8 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
         old = {sp.name: sp.mask.clone() for sp in self._params}
         for sp in self._params:
             sp.mask.copy_(self.update_mask(sp.param, sp.mask, targets[sp.name]))
-            # Entries inactive before the update already hold weight, gradient and state 0
-            # (masked at every step); update_mask resets the ones it regrows after dropping
-            # them. Only the dropped ones are left to zero.
-            self.reset_positions(sp.param, old[sp.name] & ~sp.mask)
+            if not self.zeroes_dropped:
+                self.zero_outside(sp.param, sp.mask)
         self.stats.record(old, {sp.name: sp.mask for sp in self._params})
         self._notify_computed()
 
@@ -438,6 +454,12 @@ def _check_level(field: str, value: float, step: int | None = None) -> None:
     if not 0.0 <= value < 1.0:  # NaN fails both comparisons
         where = "" if step is None else f" at step {step}"
         raise ValueError(f"{field} must be in [0, 1){where}, got {value!r}")
+
+
+def _stamp(state: torch.Tensor, mask: torch.Tensor) -> tuple[int, ...]:
+    """What "still masked" rests on: the memory each tensor holds, and its count of in-place
+    writes (``_version``)."""
+    return state.data_ptr(), state._version, mask.data_ptr(), mask._version
 
 
 def _is_state_like(value: Any, param: torch.Tensor) -> bool:

@@ -16,7 +16,8 @@ GroupKey = str | Iterable[str] | ParamFilter
 
 
 class Group(SparsityAlgorithm):
-    """``Group({"fc1.*": Static(sparsity=0.3), "fc2.*": SET(sparsity=0.9, ...)})``.
+    """``Group({"fc1.*": Static(sparsity=0.3), "fc2.*": SET(sparsity=0.9, ...)})``, or an empty
+    ``Group()`` filled with :meth:`add` before it is applied.
 
     Keys are fnmatch globs (full names), lists of globs, or callables ``(name, param) -> bool``;
     they replace the members' own filters. A parameter goes to the first group whose key matches
@@ -25,18 +26,23 @@ class Group(SparsityAlgorithm):
 
     registered = False
 
-    def __init__(self, groups: Mapping[Any, SparsityAlgorithm] | Iterable[tuple[GroupKey, SparsityAlgorithm]]) -> None:
-        pairs = list(groups.items()) if isinstance(groups, Mapping) else list(groups)
-        if not pairs:
-            raise ValueError("Group needs at least one (filter, algorithm) pair")
+    def __init__(
+        self,
+        groups: Mapping[Any, SparsityAlgorithm] | Iterable[tuple[GroupKey, SparsityAlgorithm]] = (),
+    ) -> None:
         self.members: list[SparsityAlgorithm] = []
-        earlier: list[ParamFilter] = []
-        for key, algorithm in pairs:
-            if not isinstance(algorithm, SparsityAlgorithm) or isinstance(algorithm, Group):
-                raise ValueError(f"group {key!r} must map to a (non-Group) SparsityAlgorithm, got {algorithm!r}")
-            algorithm.param_filter = _first_match(make_param_filter(_as_filter_spec(key)), tuple(earlier))
-            earlier.append(make_param_filter(_as_filter_spec(key)))
-            self.members.append(algorithm)
+        self._filters: list[ParamFilter] = []  # each member's own key, for first-match-wins
+        for key, algorithm in groups.items() if isinstance(groups, Mapping) else groups:
+            self.add(key, algorithm)
+
+    def add(self, key: GroupKey, algorithm: SparsityAlgorithm) -> None:
+        """Appends a group: the parameters ``key`` matches that no earlier group has claimed."""
+        if not isinstance(algorithm, SparsityAlgorithm) or isinstance(algorithm, Group):
+            raise ValueError(f"group {key!r} must map to a (non-Group) SparsityAlgorithm, got {algorithm!r}")
+        own = make_param_filter(_as_filter_spec(key))
+        algorithm.param_filter = _first_match(own, tuple(self._filters))
+        self._filters.append(own)
+        self.members.append(algorithm)
 
     # Group state lives in its members; these delegate.
     @property
@@ -53,6 +59,8 @@ class Group(SparsityAlgorithm):
             member.autoupdate = value
 
     def apply(self, obj: nn.Module | torch.optim.Optimizer) -> None:
+        if not self.members:
+            raise ValueError("this Group has no groups; add one with group.add(filter, algorithm)")
         for member in self.members:
             member.apply(obj)
 

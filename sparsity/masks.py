@@ -1,9 +1,11 @@
 """Mask primitives: exact counts, deterministic top-k, drop-minimum, grow-maximum.
 
-Every selection goes through :func:`topk_mask`, which finds the k-th largest score by selection
-(O(n), no full sort) and then breaks ties among the entries equal to it by a documented rule
-(lowest index first, or a seeded hash of the index) instead of by whatever order a multithreaded
-``torch.topk`` happens to return. Same seed → bit-identical masks, whatever the thread count.
+Every selection (top-k, drop-minimum among active entries, grow-maximum among inactive ones)
+finds the k-th score among the eligible entries by selection (O(n), no full sort: a fixed
+strided sample bounds it, and only the candidates near it are ranked), then breaks ties among the
+entries equal to it by a documented rule (lowest index first, or a seeded hash of the index)
+instead of by whatever order a multithreaded ``torch.topk`` happens to return. Same seed →
+bit-identical masks, whatever the thread count.
 
 Score shapers turn a parameter-shaped score into a 2-D ``[groups, members]`` view so one top-k
 runs per group (balanced sparsity per output row group or input column group).
@@ -11,12 +13,15 @@ runs per group (balanced sparsity per output row group or input column group).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 __all__ = [
     "keep_count",
+    "count_per_row",
+    "apply_mask_",
     "topk_mask",
     "drop_minimum",
     "keep_top_active",
@@ -42,6 +47,50 @@ def keep_count(numel: int, sparsity: float) -> int:
     return numel - int(round(numel * float(sparsity)))
 
 
+def count_per_row(mask: torch.Tensor) -> torch.Tensor:
+    """True entries in each row of a 2-D bool mask (int64). Counted row by row because
+    ``count_nonzero`` over a dim first widens the whole mask to int64, 8 bytes an entry."""
+    return torch.stack([torch.count_nonzero(row) for row in mask])
+
+
+# Integer types as wide as each floating type, to multiply bit patterns by 0 or 1.
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# The mask is widened to the tensors' integer type a chunk of this many entries at a time: a
+# temporary that small is reused by the allocator, where a tensor-sized one (at 10^7 entries)
+# would be freshly mapped, page by page, on every call.
+_CHUNK = 1 << 20
+
+
+def apply_mask_(mask: torch.Tensor, *tensors: torch.Tensor) -> None:
+    """Zero each tensor in place where the bool ``mask`` (their shape) is False.
+
+    Exact: entries kept are bit-for-bit unchanged and NaN/inf where the mask is False become
+    +0. Bit patterns, viewed as same-width integers, are multiplied by the mask's 0/1 values
+    (widened once per integer type and shared by the tensors): a vectorised pass with no
+    inverted mask, many times faster on CPU than ``masked_fill_``. Parameters are edited in
+    place, so call it under ``torch.no_grad()`` for them.
+    """
+    by_type: dict[torch.dtype, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        bits = _SAME_WIDTH_INT.get(tensor.element_size()) if tensor.is_floating_point() else None
+        if bits is None:
+            tensor.masked_fill_(~mask, 0)
+        else:
+            by_type.setdefault(bits, []).append(tensor.view(bits))
+    keep = mask.view(torch.uint8)
+    for bits, views in by_type.items():
+        if keep.numel() <= _CHUNK or not all(v.is_contiguous() for v in (keep, *views)):
+            factor = keep.to(bits)
+            for view in views:
+                view.mul_(factor)
+            continue
+        flats = [view.view(-1) for view in views]
+        for start in range(0, keep.numel(), _CHUNK):
+            factor = keep.view(-1)[start:start + _CHUNK].to(bits)
+            for flat in flats:
+                flat[start:start + _CHUNK].mul_(factor)
+
+
 class TieBreaker:
     """Orders equal scores: among ties, the smallest key wins (equal keys: the lower index)."""
 
@@ -64,12 +113,17 @@ class RandomTieBreaker(TieBreaker):
 
     def __init__(self, seed: int) -> None:
         self.seed = int(seed)
+
+    @functools.cached_property
+    def _constants(self) -> list[int]:
+        """Offset and two multipliers, drawn on first use: most selections have no ties."""
         generator = torch.Generator().manual_seed(self.seed)
-        self.offset, *self.multipliers = torch.randint(1, _PRIME, (3,), generator=generator).tolist()
+        return torch.randint(1, _PRIME, (3,), generator=generator).tolist()
 
     def keys(self, indices: torch.Tensor) -> torch.Tensor:
-        x = (indices.long() + self.offset) % _PRIME
-        for multiplier in self.multipliers:
+        offset, *multipliers = self._constants
+        x = (indices.long() + offset) % _PRIME
+        for multiplier in multipliers:
             x = (x * multiplier) % _PRIME
             x = x ^ (x >> 16)
         return x
@@ -151,73 +205,7 @@ def topk_mask(
     """
     if score.dim() != 2:
         raise ValueError(f"topk_mask expects a [groups, members] score, got {tuple(score.shape)}")
-    return _top_rows(torch.nan_to_num(score.float(), nan=-math.inf), k, tie_breaker)
-
-
-def _top_rows(score: torch.Tensor, k: int | torch.Tensor,
-              tie_breaker: TieBreaker | None) -> torch.Tensor:
-    """:func:`topk_mask` for a float score without NaN."""
-    counts = [int(k)] * score.shape[0] if isinstance(k, int) else k.reshape(-1).tolist()
-    mask = torch.empty(score.shape, dtype=torch.bool)
-    for row, count in enumerate(counts):
-        mask[row] = _top_of_row(score[row], count, tie_breaker or FirstTieBreaker())
-    return mask
-
-
-def _top_of_row(values: torch.Tensor, k: int, tie_breaker: TieBreaker) -> torch.Tensor:
-    """The ``k`` largest of a 1-D tensor; searches whichever end of the order is shorter."""
-    n = values.numel()
-    if k <= 0 or k >= n:
-        return torch.full((n,), k > 0, dtype=torch.bool)
-    if 2 * k <= n:
-        return _extreme(values, k, tie_breaker, largest=True)
-    # The k largest are all but the n - k smallest; ties among those go the other way round.
-    return ~_extreme(values, n - k, tie_breaker, largest=False)
-
-
-# Above this many entries the k-th value is searched among candidates that a strided sample
-# says are near it; the sample is fixed (not random), so the result stays deterministic.
-_SAMPLE_ABOVE = 1 << 16
-_SAMPLE_SIZE = 4096
-
-
-def _extreme(values: torch.Tensor, k: int, tie_breaker: TieBreaker, largest: bool) -> torch.Tensor:
-    """Mask of the k largest (or smallest) values, 1 <= k <= n/2, in O(n) without sorting.
-
-    Ties at the boundary go to the lowest keys when ``largest``, to the highest otherwise, so
-    that ``~_extreme(v, n - k, largest=False)`` picks the same entries as a top-k would.
-    """
-    n = values.numel()
-    index = None  # positions of the candidates in `values`; None: every entry is one
-    if n > _SAMPLE_ABOVE:
-        sample = values[:: n // _SAMPLE_SIZE]
-        m = sample.numel()
-        # Aim a few binomial standard deviations past the sample's own estimate of the k-th.
-        j = min(m, math.ceil(k / n * m + 4 * math.sqrt(m) + 8))
-        bound = torch.kthvalue(sample, m - j + 1 if largest else j).values
-        near = torch.nonzero(values >= bound if largest else values <= bound).squeeze(1)
-        if near.numel() >= k:  # then the k-th value of all is among them
-            index, values = near, values[near]
-    c = values.numel()
-    threshold = torch.kthvalue(values, c - k + 1 if largest else k).values
-    chosen = values > threshold if largest else values < threshold
-    tied = torch.nonzero(values == threshold).squeeze(1)
-    missing = k - int(torch.count_nonzero(chosen))
-    if tied.numel() > missing:
-        keys = tie_breaker.keys(tied if index is None else index[tied])
-        tied = tied[torch.sort(keys, stable=True, descending=not largest).indices[:missing]]
-    chosen[tied] = True
-    if index is None:
-        return chosen
-    mask = torch.zeros(n, dtype=torch.bool)
-    mask[index[chosen]] = True
-    return mask
-
-
-def _finite(score: torch.Tensor) -> torch.Tensor:
-    """Score as float32 with NaN/inf mapped into the finite range, so -inf marks ineligibility."""
-    big = torch.finfo(torch.float32).max
-    return torch.nan_to_num(score.float(), nan=-big, posinf=big, neginf=-big)
+    return _select_rows(_ranked(score), k, None, tie_breaker, largest=True)
 
 
 def keep_top_active(
@@ -238,18 +226,11 @@ def drop_minimum(
 ) -> torch.Tensor:
     """Deactivate the ``n_drop`` lowest-scored *active* entries per group (2-D, grouped).
 
-    The survivors are chosen among active entries only (the selection never sees inactive ones),
-    so a previously pruned zero can never be kept in place of an active zero (reference bug 6).
-    Ties are ordered by position among the active entries.
+    Only active entries are eligible, so a previously pruned zero can never be kept in place of
+    an active zero (reference bug 6).
     """
-    kept = torch.zeros_like(mask)
-    drops = n_drop.reshape(-1).tolist()
-    for row in range(mask.shape[0]):
-        active = torch.nonzero(mask[row]).squeeze(1)
-        survivors = _top_of_row(_finite(score[row, active]), active.numel() - int(drops[row]),
-                                tie_breaker or FirstTieBreaker())
-        kept[row, active[survivors]] = True
-    return kept
+    dropped = _select_rows(_ranked(score), n_drop, mask, tie_breaker, largest=False)
+    return dropped.logical_not_().logical_and_(mask)
 
 
 def grow_maximum(
@@ -259,5 +240,90 @@ def grow_maximum(
     tie_breaker: TieBreaker | None = None,
 ) -> torch.Tensor:
     """Activate the ``n_grow`` highest-scored *inactive* entries per group (2-D, grouped)."""
-    inactive_score = _finite(score).masked_fill_(mask, -math.inf)
-    return mask | _top_rows(inactive_score, n_grow.reshape(-1, 1), tie_breaker)
+    return _select_rows(_ranked(score), n_grow, ~mask, tie_breaker, largest=True).logical_or_(mask)
+
+
+def _ranked(score: torch.Tensor) -> torch.Tensor:
+    """The score as floats that compare: NaN ranks lowest. A sum is NaN if any entry is, so the
+    copy that replaces NaN is only made when one may be there."""
+    values = score.float()
+    return torch.nan_to_num(values, nan=-math.inf) if values.sum().isnan() else values
+
+
+def _select_rows(
+    values: torch.Tensor,
+    k: int | torch.Tensor,
+    eligible: torch.Tensor | None,
+    tie_breaker: TieBreaker | None,
+    largest: bool,
+) -> torch.Tensor:
+    """Per row of the 2-D ``values``, a bool mask of its ``k`` largest (or smallest) entries
+    among the ``eligible`` ones (all when None); ``k`` is clamped to the eligible count."""
+    counts = [int(k)] * values.shape[0] if isinstance(k, int) else k.reshape(-1).tolist()
+    ties = tie_breaker or FirstTieBreaker()
+    rows = [_select(values[row], count, None if eligible is None else eligible[row], ties, largest)
+            for row, count in enumerate(counts)]
+    return torch.stack(rows) if len(rows) > 1 else rows[0].unsqueeze(0)
+
+
+def _select(values: torch.Tensor, k: int, eligible: torch.Tensor | None,
+            tie_breaker: TieBreaker, largest: bool) -> torch.Tensor:
+    """:func:`_select_rows` for one row; searches whichever end of the order is shorter."""
+    n = values.numel()
+    n_eligible = n if eligible is None else int(torch.count_nonzero(eligible))
+    k = min(max(k, 0), n_eligible)
+    if 2 * k <= n_eligible:
+        chosen = _extreme(values, k, eligible, n_eligible, tie_breaker, largest)
+        return torch.zeros(n, dtype=torch.bool).index_fill_(0, chosen, True)
+    # The k largest eligible are all eligible but the n_eligible - k smallest; ties among those
+    # go the other way round, so both ends agree on which tied entries win.
+    others = _extreme(values, n_eligible - k, eligible, n_eligible, tie_breaker, not largest)
+    everyone = torch.ones(n, dtype=torch.bool) if eligible is None else eligible.clone()
+    return everyone.index_fill_(0, others, False)
+
+
+# Above this many entries the k-th value is searched among candidates that a strided sample
+# says are near it; the sample is fixed (not random), so the result stays deterministic.
+_SAMPLE_ABOVE = 1 << 16
+_SAMPLE_SIZE = 4096
+
+
+def _extreme(values: torch.Tensor, k: int, eligible: torch.Tensor | None, n_eligible: int,
+             tie_breaker: TieBreaker, largest: bool) -> torch.Tensor:
+    """Positions of the k largest (or smallest) eligible values, k <= n_eligible / 2, in O(n)
+    without sorting.
+
+    Ties at the boundary go to the lowest keys when ``largest``, to the highest otherwise.
+    Keys come from positions in ``values``, so an entry's rank among ties does not depend on
+    which other entries are eligible.
+    """
+    if k == 0:
+        return torch.zeros(0, dtype=torch.long)
+    n = values.numel()
+    index = None  # positions of the candidates in `values`; None: every entry is one
+    if n > _SAMPLE_ABOVE:
+        sample = values[:: n // _SAMPLE_SIZE]
+        if eligible is not None:
+            sample = sample[eligible[:: n // _SAMPLE_SIZE]]
+        m, p = sample.numel(), k / n_eligible
+        # Aim four binomial standard deviations past the sample's own estimate of the k-th.
+        j = min(m, math.ceil(p * m + 4 * math.sqrt(m * p * (1 - p)) + 8))
+        if m:
+            bound = torch.kthvalue(sample, m - j + 1 if largest else j).values
+            near = values >= bound if largest else values <= bound
+            near = torch.nonzero(near if eligible is None else near & eligible).squeeze(1)
+            if near.numel() >= k:  # then the k-th eligible value and all its ties are among them
+                index = near
+    if index is None and eligible is not None:
+        index = torch.nonzero(eligible).squeeze(1)
+    candidates = values if index is None else values.index_select(0, index)
+    c = candidates.numel()
+    threshold = torch.kthvalue(candidates, c - k + 1 if largest else k).values
+    chosen = torch.nonzero(candidates >= threshold if largest else candidates <= threshold).squeeze(1)
+    if chosen.numel() > k:  # more entries tie with the threshold than are missing: break ties
+        better = torch.nonzero(candidates > threshold if largest else candidates < threshold).squeeze(1)
+        tied = torch.nonzero(candidates == threshold).squeeze(1)
+        keys = tie_breaker.keys(tied if index is None else index.index_select(0, tied))
+        order = torch.sort(keys, stable=True, descending=not largest).indices[:k - better.numel()]
+        chosen = torch.cat([better, tied.index_select(0, order)])
+    return chosen if index is None else index.index_select(0, chosen)

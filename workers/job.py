@@ -102,6 +102,11 @@ def make_optimizer(spec: OptimizerSpec, model: torch.nn.Module) -> torch.optim.O
         if option not in accepted:
             raise ValueError(f"optimizer.{option} is not an option of torch.optim.{spec.type}")
     params = [p for p in model.parameters() if p.requires_grad]
+    if "fused" in accepted and all(p.device.type == "cpu" and p.is_floating_point() for p in params):
+        # The fused CPU kernel (Adam, AdamW, SGD, Adagrad) is bit-deterministic and, unlike the
+        # default foreach path, has no slow path on the exact zeros a masked run keeps in its
+        # state (bench/masked_overhead.py: 1.09x vs 1.01x of dense at 80% RigL).
+        options["fused"] = True
     if "weight_decay" in options:
         groups: Any = [{"params": [p for p in params if p.dim() >= 2]},
                        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]

@@ -44,4 +44,6 @@ class RigL(SET):
             self.shaper = InputGroupScoreShaper(balance_in_groups)
 
     def grow_score(self, p: torch.nn.Parameter) -> torch.Tensor:
-        return self.dense_grad(p).abs()
+        # In place: the captured copy exists for this update only, and a second tensor of the
+        # parameter's size would cost a fresh allocation.
+        return self.dense_grad(p).abs_()

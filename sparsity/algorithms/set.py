@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from ..base import DynamicSparsityAlgorithm
-from ..masks import ScoreFlattener, ScoreShaper, drop_minimum, grow_maximum, keep_count
+from ..masks import ScoreFlattener, ScoreShaper, count_per_row, drop_minimum, grow_maximum, keep_count
 from ..schedules import make_schedule
 
 
@@ -18,6 +19,9 @@ class SET(DynamicSparsityAlgorithm):
     When the target level moves between updates the extra difference is dropped (or grown) in
     the same update, so nnz equals the scheduled target after every update (reference bug 5).
     """
+
+    # update_mask zeroes all it drops; a subclass replacing it without calling it sets False
+    zeroes_dropped = True
 
     def __init__(self, sparsity: Any = None, *, update: Any = None, drop_fraction: Any = 0.3, **kwargs: Any) -> None:
         super().__init__(sparsity, update=update, **kwargs)
@@ -36,14 +40,16 @@ class SET(DynamicSparsityAlgorithm):
             raise ValueError(f"drop_fraction must be in [0, 1] at step {self.step}, got {fraction!r}")
         grouped = self.shaper.shape(mask)
         target = keep_count(grouped.shape[1], sparsity)
-        nnz = torch.count_nonzero(grouped, dim=1)
-        n_drop = torch.floor(fraction * nnz.double()).long() + (nnz - target).clamp(min=0)
+        nnz = count_per_row(grouped).tolist()
+        n_drop = [min(math.floor(fraction * n) + max(n - target, 0), n) for n in nnz]
         ties = self.tie_breaker(p)
-        kept = drop_minimum(self.shaper.shape(self.drop_score(p)), grouped, n_drop, ties)
-        n_grow = target - torch.count_nonzero(kept, dim=1)
+        kept = drop_minimum(self.shaper.shape(self.drop_score(p)), grouped, torch.tensor(n_drop), ties)
+        # drop_minimum drops exactly n_drop per group, so what is left needs no counting
+        n_grow = torch.tensor([target - (n - d) for n, d in zip(nnz, n_drop)])
         grown = grow_maximum(self.shaper.shape(self.grow_score(p)), kept, n_grow, ties)
-        new = self.shaper.unshape(grown, mask.shape)
-        self.reset_positions(p, new & ~self.shaper.unshape(kept, mask.shape))
-        return new
+        # Zero everything the drop removed before returning the grown mask: an entry regrown in
+        # this same update starts from zero like any other grown entry.
+        self.zero_outside(p, self.shaper.unshape(kept, mask.shape))
+        return self.shaper.unshape(grown, mask.shape)
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from service.studies import INITIAL_DROP_FRACTION, UPDATE_STOP_FRACTION
+
 STUDY_VARIANTS = ("dense", "static", "set", "rigl", "granet")
 # Cerebras' published perplexity orderings (lower is better), as (better, worse) pairs.
 PUBLISHED_PAIRS = (("dense", "rigl"), ("rigl", "set"), ("set", "static"), ("granet", "rigl"))
@@ -127,21 +129,23 @@ def _ordering_lines(by_variant: dict[str, list[dict]], study: list[str],
                      f"sd {noise:.3f}: {strength})")
     itop = {name: statistics.fmean(last_value(r, "mask/itop_rate") for r in by_variant[name])
             for name in ("set", "rigl") if by_variant[name][0]["metrics"].get("mask/itop_rate")}
-    exploration = (f" (ITOP rate: RigL {itop['rigl']:.2f}, SET {itop['set']:.2f})"
-                   if len(itop) == 2 else "")
+    updates = max(len(r["metrics"].get("mask/churn", [])) for runs in by_variant.values()
+                  for r in runs)
     lines += ["", "Why ours can differ: the published runs train GPT-scale models for many "
-              "thousands of steps with RigL's cosine drop-fraction decay; here a 2-layer, "
-              f"64-wide model trains {steps:,} steps with the service's study defaults: a "
-              "constant drop fraction of 0.3 and 10 mask updates. Two effects plausibly drive "
-              "the differences, though we did not isolate them: RigL regrows where the dense "
-              "gradient is largest, which keeps returning to the same few positions of such "
-              "small layers, while SET's random regrowth explores more of them"
-              f"{exploration}; in-time over-parameterisation (Liu et al. 2021) ties more "
-              "exploration to better sparse models. And without the cosine decay the last "
-              "updates still replace 30% of each layer's weights by zeros shortly before the "
-              "end, which costs the gradient-guided method the most because it regrows "
-              "weights the loss is most sensitive to. Dense beating every sparse variant holds "
-              "at any scale; GraNet 50→80% trains denser than 80% for most of the run."]
+              "thousands of steps; here a 2-layer, 64-wide model trains "
+              f"{steps:,} steps with the service's study defaults ({updates} mask updates "
+              f"until {UPDATE_STOP_FRACTION:.0%} of training, drop fraction decaying from "
+              f"{INITIAL_DROP_FRACTION} on RigL's cosine schedule; `service/studies.py`)."]
+    if {"set", "rigl"} <= means.keys() and means["set"][0] < means["rigl"][0] and len(itop) == 2:
+        lines[-1] += (" SET ahead of RigL is the main disagreement. A plausible cause, which we "
+                      "did not isolate: RigL regrows where the dense gradient is largest, and "
+                      "in layers this small that keeps returning to the same positions, while "
+                      "SET's random regrowth explores more of them (share of weights ever "
+                      f"active at the end: RigL {itop['rigl']:.2f}, SET {itop['set']:.2f}); "
+                      "in-time over-parameterisation (Liu et al. 2021) links more exploration "
+                      "to better sparse models.")
+    lines[-1] += (" Dense beating every sparse variant holds at any scale; GraNet 50→80% "
+                  "trains denser than 80% for most of the run.")
     return lines
 
 

@@ -9,7 +9,7 @@ import json
 import secrets
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, bindparam, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.models import IdempotencyKey, Job, JobEvent, Study, Token, utcnow
@@ -43,17 +43,27 @@ def rotate_token(session: Session, *, name: str, is_admin: bool) -> str:
     return secret
 
 
+# Statements run on every request are built once: building one costs more than running it.
+_TOKEN_BY_HASH = select(Token).where(Token.token_hash == bindparam("token_hash"))
+_QUEUED_AHEAD = select(func.count()).select_from(Job).where(
+    Job.status == JobStatus.QUEUED.value,
+    or_(Job.priority > bindparam("priority"),
+        and_(Job.priority == bindparam("priority"), Job.id < bindparam("id"))),
+)
+
+
 def get_token_by_secret(session: Session, *, secret: str) -> Token | None:
-    return session.scalar(select(Token).where(Token.token_hash == hash_secret(secret)))
+    return session.scalar(_TOKEN_BY_HASH, {"token_hash": hash_secret(secret)})
 
 
 def add_job(session: Session, *, owner: Token, **fields: Any) -> Job:
-    """Insert a QUEUED job and its first event; `fields` are Job columns."""
-    job = Job(owner_id=owner.id, status=JobStatus.QUEUED.value, created_at=utcnow(), **fields)
+    """Insert a QUEUED job and its first event in one flush; `fields` are Job columns."""
+    now = utcnow()
+    job = Job(owner=owner, status=JobStatus.QUEUED.value, created_at=now, attempt=1, **fields)
+    job.events.append(JobEvent(from_status=None, to_status=job.status, message="submitted",
+                               attempt=1, at=now))
     session.add(job)
-    session.flush()
-    session.add(JobEvent(job_id=job.id, from_status=None, to_status=job.status,
-                         message="submitted", attempt=job.attempt, at=job.created_at))
+    session.flush()  # assigns job.id
     return job
 
 
@@ -61,20 +71,21 @@ def queue_position(session: Session, *, job: Job) -> int | None:
     """1-based place among QUEUED jobs (priority first, then submission order)."""
     if job.status != JobStatus.QUEUED:
         return None
-    ahead = session.scalar(
-        select(func.count()).select_from(Job).where(
-            Job.status == JobStatus.QUEUED.value,
-            or_(Job.priority > job.priority, and_(Job.priority == job.priority, Job.id < job.id)),
-        )
-    )
+    ahead = session.scalar(_QUEUED_AHEAD, {"priority": job.priority, "id": job.id})
     return int(ahead or 0) + 1
 
 
-def queued_jobs(session: Session) -> list[Job]:
-    return list(session.scalars(
+def queue_head(session: Session) -> Job | None:
+    """The QUEUED job that starts next (one indexed row, however long the queue)."""
+    return session.scalars(
         select(Job).where(Job.status == JobStatus.QUEUED.value)
-        .order_by(Job.priority.desc(), Job.id)
-    ))
+        .order_by(Job.priority.desc(), Job.id).limit(1)
+    ).first()
+
+
+def queued_count(session: Session) -> int:
+    return int(session.scalar(select(func.count()).select_from(Job)
+                              .where(Job.status == JobStatus.QUEUED.value)) or 0)
 
 
 def jobs_in(session: Session, *, statuses: frozenset[JobStatus]) -> list[Job]:

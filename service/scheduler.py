@@ -118,6 +118,9 @@ class Scheduler:
             except Exception:
                 # One bad tick (say, the database briefly away) must not end scheduling.
                 logger.exception("scheduler tick failed; retrying next tick")
+            # Wakes that arrive during a tick or the gap after it are served by one next tick,
+            # so a burst of submissions costs a few ticks instead of one each.
+            self._stopping.wait(self.settings.scheduler_min_gap_s)
             self._wake.wait(self.settings.scheduler_interval_s)
             self._wake.clear()
 
@@ -167,10 +170,9 @@ class Scheduler:
 
     def _start_queued(self, session: Session) -> None:
         free = sorted(set(range(self.settings.cluster_size)) - set(crud.held_systems(session)))
-        for job in crud.queued_jobs(session):
-            # Strict priority + FIFO: the head waits for its systems; nobody overtakes it.
-            if job.num_csx > len(free):
-                return
+        # Strict priority + FIFO: the head waits for its systems; nobody overtakes it. Only the
+        # head is read, so a tick costs one indexed row however long the queue is.
+        while (job := crud.queue_head(session)) is not None and job.num_csx <= len(free):
             job.systems, free = free[:job.num_csx], free[job.num_csx:]
             self._move(session, job, S.VALIDATING, f"systems {job.systems} reserved")
             session.commit()

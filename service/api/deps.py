@@ -1,8 +1,13 @@
-"""Dependencies as named types: a handler's signature says what it needs."""
+"""Dependencies as named types: a handler's signature says what it needs.
+
+They are `async def` although their database reads are synchronous: each is one indexed query
+(well under a millisecond), and a plain `def` dependency costs a round trip through the thread
+pool, which measured as a large share of a submission's time under load (bench/api_load.py).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request, status
@@ -19,15 +24,15 @@ ResourceId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 bearer = HTTPBearer(auto_error=False, description="a token from `csx token create`")
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_scheduler(request: Request) -> Scheduler:
+async def get_scheduler(request: Request) -> Scheduler:
     return request.app.state.scheduler
 
 
-def get_session(request: Request) -> Iterator[Session]:
+async def get_session(request: Request) -> AsyncIterator[Session]:
     with request.app.state.sessionmaker() as session:
         yield session
 
@@ -37,7 +42,7 @@ SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_current_user(
+async def get_current_user(
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Token:
@@ -58,7 +63,7 @@ def _check_owner(user: Token, owner_id: int) -> None:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "Not enough permissions")
 
 
-def get_owned_job(job_id: ResourceId, session: SessionDep, user: CurrentUser) -> Job:
+async def get_owned_job(job_id: ResourceId, session: SessionDep, user: CurrentUser) -> Job:
     """Load the job, 404 if missing, 403 unless the caller owns it or is an admin."""
     job = session.get(Job, job_id)
     if job is None:
@@ -67,7 +72,7 @@ def get_owned_job(job_id: ResourceId, session: SessionDep, user: CurrentUser) ->
     return job
 
 
-def get_owned_study(study_id: ResourceId, session: SessionDep, user: CurrentUser) -> Study:
+async def get_owned_study(study_id: ResourceId, session: SessionDep, user: CurrentUser) -> Study:
     study = session.get(Study, study_id)
     if study is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"Study {study_id} not found")

@@ -25,5 +25,5 @@ def cluster(session: SessionDep, user: CurrentUser, settings: SettingsDep) -> Cl
     held = crud.held_systems(session)
     systems = [ClusterSystem(id=i, job_id=held.get(i)) for i in range(settings.cluster_size)]
     return ClusterPublic(size=settings.cluster_size, free=settings.cluster_size - len(held),
-                         paused=settings.paused, queued=len(crud.queued_jobs(session)),
+                         paused=settings.paused, queued=crud.queued_count(session),
                          systems=systems)

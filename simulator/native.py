@@ -27,14 +27,15 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE_PATH = Path(__file__).with_name("_kernels.c")
-# Tried in order; the second set is for compilers or CPUs that reject -march=native.
+# Tried in order: for compilers or CPUs that reject -march=native, then -fopenmp.
 FLAG_SETS = (
-    ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC", "-pthread"),
-    ("-O3", "-ffp-contract=fast", "-shared", "-fPIC", "-pthread"),
+    ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"),
+    ("-O3", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"),
+    ("-O3", "-ffp-contract=fast", "-shared", "-fPIC"),  # no OpenMP: single-threaded kernels
 )
 COMPILE_TIMEOUT_S = 120
-# Starting a pthread costs tens of microseconds, about this many multiply-adds: smaller calls
-# run on the calling thread alone.
+# Handing work to another thread costs microseconds, about this many multiply-adds: smaller
+# calls run on the calling thread alone.
 WORK_PER_EXTRA_THREAD = 1 << 18
 SUFFIX_BY_DTYPE = {torch.float32: "f32", torch.float64: "f64"}
 

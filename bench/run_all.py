@@ -29,7 +29,7 @@ README = BENCH.parent / "README.md"
 README_START, README_END = "<!-- bench-summary -->", "<!-- /bench-summary -->"
 # Not benchmarks: this runner, and the docs/results.md study (make results) with its renderer.
 NOT_BENCHMARKS = {"run_all", "study_results", "study_report"}
-HEADLINE = re.compile(r"ratio|per_s|_ms$|speedup|meets_target|targets_met|crossover|efficiency")
+HEADLINE = re.compile(r"ratio|per_s|per_param|_ms$|speedup|meets_target|targets_met|crossover|efficiency")
 
 
 def benchmarks() -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -102,3 +104,31 @@ def test_bad_inputs_are_rejected_by_name():
         csr_linear(x.double(), weight, bias, s)
     with pytest.raises(ValueError, match="backend"):
         resolve_backend("cuda-magic", x)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+def test_kernels_share_torchs_openmp_runtime_and_match_across_thread_counts():
+    """Threads come from torch's libgomp (one OpenMP runtime in the process, so the kernels'
+    threads never fight torch's spinning workers), and the row split is exact: 1 and 2 threads
+    give bit-identical results."""
+    kernels = load_kernels()
+    if kernels is None:
+        pytest.skip("no C compiler here")
+    runtimes = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                if "libgomp" in line}
+    assert len(runtimes) <= 1, f"two OpenMP runtimes loaded: {sorted(runtimes)}"
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.rand(256, 512, generator=generator) > 0.8
+    weight = torch.randn(256, 512, generator=generator) * mask
+    x = torch.randn(300, 512, generator=generator)
+    structure = CSRStructure.from_mask(mask)
+    outputs = []
+    previous = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outputs.append(csr_linear(x, weight, None, structure, backend="native"))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(outputs[0], outputs[1])
+    torch.testing.assert_close(outputs[0], F.linear(x, weight), rtol=1e-5, atol=1e-5)

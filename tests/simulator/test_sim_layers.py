@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import simulator
+import sparsity
 from simulator.crossover import KernelCalibration, calibrate
 from simulator.layers import CSRLinear
 
@@ -157,7 +158,6 @@ def test_a_bare_masked_linear_compiles_to_a_csr_layer():
 
 
 def _train_rigl(fabric: bool, steps: int = 50):
-    sparsity = pytest.importorskip("sparsity")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
                           nn.Linear(32, 8))

@@ -22,7 +22,6 @@
  * without OpenMP, the pragma is ignored and every call runs on the calling thread.
  */
 #include <stdint.h>
-#include <string.h>
 
 #define MAX_THREADS 64
 #define BLOCK 64         /* tokens per block; exported as csx_block_tokens() */

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -67,21 +68,37 @@ def mlflow_url(settings: Settings, experiment_id: str | None, run_id: str | None
 
 
 def to_public(session: Session, job: Job, settings: Settings) -> JobPublic:
-    return JobPublic.model_validate({**_public_fields(session, job, settings)})
+    return JobPublic.model_validate(_public_fields(session, _columns(job), job.owner.name,
+                                                   settings))
+
+
+def new_job_public(session: Session, job: Mapping[str, Any], owner: str,
+                   settings: Settings) -> JobPublic:
+    """The public view of a job just inserted, from the row its INSERT returned."""
+    return JobPublic.model_validate(_public_fields(session, job, owner, settings))
 
 
 def to_detail(session: Session, job: Job, settings: Settings) -> JobDetail:
-    return JobDetail.model_validate(
-        {**_public_fields(session, job, settings), "params": job.params, "plan": job.plan}
-    )
+    return JobDetail.model_validate({**_public_fields(session, _columns(job), job.owner.name,
+                                                      settings),
+                                     "params": job.params, "plan": job.plan})
 
 
-def _public_fields(session: Session, job: Job, settings: Settings) -> dict[str, Any]:
-    fields = {name: getattr(job, name) for name in JobPublic.model_fields
-              if name not in ("owner", "queue_position", "mlflow_url")}
+# The Job columns a JobPublic is built from; owner, queue_position and mlflow_url are derived.
+_PUBLIC_COLUMNS = (*(name for name in JobPublic.model_fields
+                     if name not in ("owner", "queue_position", "mlflow_url")),
+                   "mlflow_experiment_id")
+
+
+def _columns(job: Job) -> dict[str, Any]:
+    return {name: getattr(job, name) for name in _PUBLIC_COLUMNS}
+
+
+def _public_fields(session: Session, job: Mapping[str, Any], owner: str,
+                   settings: Settings) -> dict[str, Any]:
     return {
-        **fields,
-        "owner": job.owner.name,
+        **{name: job[name] for name in _PUBLIC_COLUMNS},
+        "owner": owner,
         "queue_position": crud.queue_position(session, job=job),
-        "mlflow_url": mlflow_url(settings, job.mlflow_experiment_id, job.mlflow_run_id),
+        "mlflow_url": mlflow_url(settings, job["mlflow_experiment_id"], job["mlflow_run_id"]),
     }

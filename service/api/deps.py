@@ -15,7 +15,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from service import crud
-from service.models import Job, Study, Token
+from service.crud import Caller
+from service.models import Job, Study
 from service.scheduler import Scheduler
 from service.settings import Settings
 
@@ -45,20 +46,20 @@ SessionDep = Annotated[Session, Depends(get_session)]
 async def get_current_user(
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-) -> Token:
+) -> Caller:
     unauthorized = {"WWW-Authenticate": "Bearer"}
     if credentials is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Not authenticated", unauthorized)
-    token = crud.get_token_by_secret(session, secret=credentials.credentials)
-    if token is None:
+    caller = crud.get_caller(session, secret=credentials.credentials)
+    if caller is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Invalid token", unauthorized)
-    return token
+    return caller
 
 
-CurrentUser = Annotated[Token, Depends(get_current_user)]
+CurrentUser = Annotated[Caller, Depends(get_current_user)]
 
 
-def _check_owner(user: Token, owner_id: int) -> None:
+def _check_owner(user: Caller, owner_id: int) -> None:
     if not user.is_admin and owner_id != user.id:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "Not enough permissions")
 

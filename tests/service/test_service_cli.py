@@ -8,6 +8,7 @@ from pathlib import Path
 
 from service import crud
 from service.db import make_engine, make_sessionmaker
+from service.models import Token
 
 
 def _csx(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -24,8 +25,9 @@ def test_token_create_stores_only_the_hash(tmp_path: Path) -> None:
     assert secret.startswith("csx_") and len(secret) > 40
     engine = make_engine(url)
     with make_sessionmaker(engine)() as session:
-        token = crud.get_token_by_secret(session, secret=secret)
-        assert token is not None and token.name == "carol" and token.is_admin
+        caller = crud.get_caller(session, secret=secret)
+        assert caller is not None and caller.name == "carol" and caller.is_admin
+        token = session.get(Token, caller.id)
         assert token.token_hash == crud.hash_secret(secret) and secret not in token.token_hash
     engine.dispose()
     duplicate = _csx("token", "create", "--name", "carol", env=env)

@@ -26,6 +26,8 @@ def test_submit_job_json_returns_queued_job(client: TestClient, alice: dict[str,
     assert response.headers["location"] == f"/v1/jobs/{job['id']}"
     detail = client.get(f"/v1/jobs/{job['id']}", headers=alice).json()
     assert detail["params"]["sparsity"]["algorithm"] == "rigl"
+    # The submission answers from the INSERT's returned row, GET from the ORM: same view.
+    assert {k: v for k, v in detail.items() if k not in ("params", "plan")} == job
     events = client.get(f"/v1/jobs/{job['id']}/events", headers=alice).json()
     assert [e["to_status"] for e in events["data"]] == ["QUEUED"]
 
@@ -167,6 +169,7 @@ def test_queue_positions_follow_priority_then_fifo(client: TestClient, alice: di
     low = client.post("/v1/jobs", json=job_body(priority=0), headers=alice).json()
     high = client.post("/v1/jobs", json=job_body(priority=5), headers=alice).json()
     low2 = client.post("/v1/jobs", json=job_body(priority=0), headers=alice).json()
+    assert [j["queue_position"] for j in (low, high, low2)] == [1, 1, 3]  # at submission
     positions = {j["id"]: client.get(f"/v1/jobs/{j['id']}", headers=alice).json()["queue_position"]
                  for j in (low, high, low2)}
     assert positions == {high["id"]: 1, low["id"]: 2, low2["id"]: 3}

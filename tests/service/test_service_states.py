@@ -23,11 +23,12 @@ def test_table_covers_every_state_and_terminals_are_closed() -> None:
 
 def _new_job(client: TestClient) -> tuple[object, Job]:
     session = client.app.state.sessionmaker()
-    owner, _ = crud.create_token(session, name="t")
-    job = crud.add_job(session, owner=owner, name="j", experiment="e", mode="train", num_csx=1,
+    _, secret = crud.create_token(session, name="t")
+    owner = crud.get_caller(session, secret=secret)
+    row = crud.add_job(session, owner=owner, name="j", experiment="e", mode="train", num_csx=1,
                        priority=0, max_failures=0, timeout_s=None, tags={}, params={})
     session.commit()
-    return session, job
+    return session, session.get(Job, row["id"])
 
 
 def test_move_along_the_happy_path_writes_one_event_each(client: TestClient) -> None:

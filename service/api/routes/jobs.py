@@ -22,6 +22,7 @@ from service.jobs import (
     SubmissionError,
     check_submission,
     job_fields,
+    new_job_public,
     resolve_num_csx,
     to_detail,
     to_public,
@@ -74,10 +75,10 @@ async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
         if replay is not None:
             return replay
     job = crud.add_job(session, owner=user, **job_fields(job_in, job_in.params, name=job_in.name))
-    public = to_public(session, job, settings).model_dump(mode="json")
+    public = new_job_public(session, job, user.name, settings)
     if idempotency_key is not None:
-        session.add(IdempotencyKey(owner_id=user.id, key=idempotency_key,
-                                   request_hash=body_hash, job_id=job.id, response=public))
+        session.add(IdempotencyKey(owner_id=user.id, key=idempotency_key, request_hash=body_hash,
+                                   job_id=job["id"], response=public.model_dump(mode="json")))
     try:
         session.commit()
     except IntegrityError:
@@ -88,8 +89,8 @@ async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
             raise
         return replay
     scheduler.wake()
-    return JSONResponse(public, status.HTTP_201_CREATED,
-                        headers={"Location": f"/v1/jobs/{job.id}"})
+    return Response(public.model_dump_json(), status.HTTP_201_CREATED,
+                    headers={"Location": f"/v1/jobs/{job['id']}"}, media_type="application/json")
 
 
 def _replay(session: SessionDep, user: CurrentUser, key: str, body_hash: str) -> Response | None:

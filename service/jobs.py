@@ -67,20 +67,25 @@ def mlflow_url(settings: Settings, experiment_id: str | None, run_id: str | None
     return f"{settings.mlflow_ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
+def job_public(session: Session, job: Mapping[str, Any], owner: str,
+               settings: Settings) -> JobPublic:
+    """The public view of a job from its column values: an ORM Job's (`to_public`) or the row
+    a submission's INSERT returned, so a new job is shown without reading it back."""
+    return JobPublic.model_validate({
+        **{name: job[name] for name in _PUBLIC_COLUMNS},
+        "owner": owner,
+        "queue_position": crud.queue_position(session, job=job),
+        "mlflow_url": mlflow_url(settings, job["mlflow_experiment_id"], job["mlflow_run_id"]),
+    })
+
+
 def to_public(session: Session, job: Job, settings: Settings) -> JobPublic:
-    return JobPublic.model_validate(_public_fields(session, _columns(job), job.owner.name,
-                                                   settings))
-
-
-def new_job_public(session: Session, job: Mapping[str, Any], owner: str,
-                   settings: Settings) -> JobPublic:
-    """The public view of a job just inserted, from the row its INSERT returned."""
-    return JobPublic.model_validate(_public_fields(session, job, owner, settings))
+    columns = {name: getattr(job, name) for name in _PUBLIC_COLUMNS}
+    return job_public(session, columns, job.owner.name, settings)
 
 
 def to_detail(session: Session, job: Job, settings: Settings) -> JobDetail:
-    return JobDetail.model_validate({**_public_fields(session, _columns(job), job.owner.name,
-                                                      settings),
+    return JobDetail.model_validate({**dict(to_public(session, job, settings)),
                                      "params": job.params, "plan": job.plan})
 
 
@@ -88,17 +93,3 @@ def to_detail(session: Session, job: Job, settings: Settings) -> JobDetail:
 _PUBLIC_COLUMNS = (*(name for name in JobPublic.model_fields
                      if name not in ("owner", "queue_position", "mlflow_url")),
                    "mlflow_experiment_id")
-
-
-def _columns(job: Job) -> dict[str, Any]:
-    return {name: getattr(job, name) for name in _PUBLIC_COLUMNS}
-
-
-def _public_fields(session: Session, job: Mapping[str, Any], owner: str,
-                   settings: Settings) -> dict[str, Any]:
-    return {
-        **{name: job[name] for name in _PUBLIC_COLUMNS},
-        "owner": owner,
-        "queue_position": crud.queue_position(session, job=job),
-        "mlflow_url": mlflow_url(settings, job["mlflow_experiment_id"], job["mlflow_run_id"]),
-    }

@@ -22,7 +22,7 @@ from service.jobs import (
     SubmissionError,
     check_submission,
     job_fields,
-    new_job_public,
+    job_public,
     resolve_num_csx,
     to_detail,
     to_public,
@@ -75,7 +75,7 @@ async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
         if replay is not None:
             return replay
     job = crud.add_job(session, owner=user, **job_fields(job_in, job_in.params, name=job_in.name))
-    public = new_job_public(session, job, user.name, settings)
+    public = job_public(session, job, user.name, settings)
     if idempotency_key is not None:
         session.add(IdempotencyKey(owner_id=user.id, key=idempotency_key, request_hash=body_hash,
                                    job_id=job["id"], response=public.model_dump(mode="json")))

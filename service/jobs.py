@@ -8,6 +8,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from service import crud
+from service.checkpoints import resolve_checkpoint
+from service.crud import Caller
 from service.models import Job
 from service.preflight import Problem, check_params
 from service.schemas import JobDetail, JobPublic, RunOptions
@@ -27,10 +29,16 @@ def resolve_num_csx(options: RunOptions, spec: JobSpec) -> int:
     return options.num_csx if options.num_csx is not None else spec.runconfig.num_csx
 
 
-def check_submission(options: RunOptions, spec: JobSpec, settings: Settings) -> None:
-    """The torch-free checks that need the service's settings; raises SubmissionError."""
+def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
+                     session: Session, caller: Caller) -> str | None:
+    """The torch-free checks that need the service's settings, the database and the caller;
+    raises SubmissionError. Returns the checkpoint file the job starts from, if any."""
+    params = spec.model_dump()
     problems = [(("params", *loc), msg) for loc, msg in
-                check_params(spec.model_dump(), allowed_data_roots=settings.allowed_data_roots)]
+                check_params(params, allowed_data_roots=settings.allowed_data_roots)]
+    checkpoint, refused = resolve_checkpoint(session, caller, settings.runs_dir,
+                                             options.checkpoint, params)
+    problems += refused
     num_csx = resolve_num_csx(options, spec)
     if num_csx > settings.cluster_size:
         where = ("num_csx",) if options.num_csx is not None else ("params", "runconfig", "num_csx")
@@ -42,11 +50,17 @@ def check_submission(options: RunOptions, spec: JobSpec, settings: Settings) -> 
                          f"over num_csx={num_csx}"))
     if problems:
         raise SubmissionError(problems)
+    return checkpoint
 
 
-def job_fields(options: RunOptions, spec: JobSpec, *, name: str | None) -> dict[str, Any]:
-    """Job columns for a checked submission; unset options fall back to the params' runconfig."""
+def job_fields(options: RunOptions, spec: JobSpec, *, name: str | None,
+               checkpoint: str | None = None) -> dict[str, Any]:
+    """Job columns for a checked submission; unset options fall back to the params' runconfig.
+    `checkpoint` is check_submission's answer: the file the worker reads."""
     runconfig = spec.runconfig
+    params = spec.model_dump(mode="json")
+    if checkpoint is not None:
+        params["runconfig"]["checkpoint_path"] = checkpoint
     return {
         "name": name or f"{runconfig.mlflow_experiment}-{spec.model.preset or 'custom'}",
         "experiment": options.experiment or runconfig.mlflow_experiment,
@@ -57,7 +71,7 @@ def job_fields(options: RunOptions, spec: JobSpec, *, name: str | None) -> dict[
                          else runconfig.max_failures),
         "timeout_s": options.timeout_s,
         "tags": dict(options.tags),
-        "params": spec.model_dump(mode="json"),
+        "params": params,
     }
 
 

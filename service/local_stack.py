@@ -1,6 +1,6 @@
 """The whole local stack in one process tree: `csx local-study` (what `make run` does).
 
-Starts `mlflow ui` and `csx serve` (which starts a local Ray runtime on its first job) on
+Starts `mlflow ui`, a Ray head and `csx serve` (joining that head through RAY_ADDRESS) on
 127.0.0.1 with free ports and every piece of state under one folder (`.csx/` by default:
 SQLite job database, SQLite MLflow store and artifacts, checkpoints and job logs), submits a
 study YAML over REST with the service's dev token, prints one progress line per variant as it
@@ -81,24 +81,57 @@ class StackProcess:
             raise StackError(f"{self.name} exited with code {code}; last lines of "
                              f"{self.log_path}:\n{self.log_tail()}")
 
-    def stop(self, grace_s: float = 15.0) -> None:
+    def stop(self, grace_s: float = 15.0, reap_s: float = 30.0) -> None:
         """SIGTERM to the process (uvicorn, mlflow and `ray start --block` shut down cleanly on
         it), then SIGKILL to its group and to every descendant seen before: gcs_server ignores
-        SIGTERM and Ray puts each worker in a process group of its own."""
-        family = descendants(self.popen.pid)
+        SIGTERM and Ray puts each worker in a process group of its own. Returns once every one
+        of them has exited (SIGKILL is asynchronous: a busy machine takes a while to deliver
+        it), or after `reap_s` with a warning naming those still there."""
+        family = [(pid, started) for pid in descendants(self.popen.pid)
+                  if (started := _start_time(pid)) is not None]
         if self.popen.poll() is None:
             self.popen.terminate()
         try:
             self.popen.wait(grace_s)
         except subprocess.TimeoutExpired:
             pass
+        family += [(pid, started) for pid in descendants(self.popen.pid)
+                   if (started := _start_time(pid)) is not None]
         _kill_group(self.popen.pid)  # start_new_session: the child leads its own group
-        for pid in family:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for pid, started in family:
+            if _start_time(pid) == started:  # not a new process that reused the id
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         self.popen.wait()
+        deadline = time.monotonic() + reap_s
+        while living := [pid for pid, started in family if _is_running(pid, started)]:
+            if time.monotonic() > deadline:
+                print(f"warning: {self.name}: processes {living} survived SIGKILL for "
+                      f"{reap_s:.0f} s", file=sys.stderr)
+                return
+            time.sleep(0.05)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (which may hold spaces), or None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None  # field 22: start time in clock ticks
+
+
+def _is_running(pid: int, started: int) -> bool:
+    """The process that had this id and start time exists and is not a zombie (a killed
+    process whose parent has not reaped it yet has exited all the same)."""
+    fields = _stat_fields(pid)
+    return fields is not None and int(fields[19]) == started and fields[0] not in ("Z", "X")
 
 
 def descendants(root: int) -> list[int]:
@@ -204,9 +237,8 @@ class LocalStack:
             sys.executable, "-m", "mlflow", "ui", "--host", HOST, "--port", str(self.ui_port),
             "--workers", "1", "--backend-store-uri", env["CSX_MLFLOW_TRACKING_URI"],
             "--default-artifact-root", (self.state_dir / "mlruns").as_uri()], env)
-        # Ray in a process of its own, joined by the service through RAY_ADDRESS: a runtime that
-        # ray.init starts dies with the *thread* that started it (PR_SET_PDEATHSIG), and the
-        # service connects from a job's thread.
+        # Ray in a process of its own, joined by the service through RAY_ADDRESS (so the
+        # service does not start its own; service/ray_head.py).
         ray = self._start("ray", [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
             "--port", str(self.ray_port), "--num-cpus", str(self.cluster_size),
@@ -316,11 +348,45 @@ def format_report(rows: list[dict[str, Any]]) -> str:
               f"{'CS-2 speed-up':>14} {'wall s':>8}")
     lines = [header, "-" * len(header)]
     for row in rows:
-        lines.append(f"{row['variant']:<10} {row['status']:<10} "
+        label = row["variant"] if row.get("seed") is None else f"{row['variant']}/s{row['seed']}"
+        lines.append(f"{label:<10} {row['status']:<10} "
                      f"{number(row['final_eval_perplexity'], '.3f'):>10} "
                      f"{number(row['best_eval_perplexity'], '.3f'):>10} "
                      f"{number(row['projected_speedup'], '.2f', '×'):>14} "
                      f"{number(row['wall_time_s'], '.0f'):>8}")
+    return "\n".join(lines)
+
+
+def format_comparison(report: dict[str, Any]) -> str:
+    """Mean ± sd per variant and the gaps beyond seed noise (when a variant ran several seeds),
+    why the speed-up column reads about 1.00× (when it does), and the full-size projection."""
+    lines: list[str] = []
+    if any(v["runs"] > 1 for v in report.get("variants", [])):
+        lines += ["final ppl over seeds (mean ± sd):"]
+        for v in report["variants"]:
+            sd = v["final_eval_perplexity_sd"]
+            mean = v["final_eval_perplexity_mean"]
+            lines.append(f"  {v['variant']:<10} " + ("—" if mean is None else f"{mean:.3f}")
+                         + ("" if sd is None else f" ± {sd:.3f}") + f"  ({v['runs']} runs)")
+        lines += ["gaps (a gap is real when it exceeds the larger sd of the two):"]
+        for g in report.get("gaps", []):
+            published = f", {g['published']} with the published order" if g["published"] else ""
+            lines.append(f"  {g['better']} < {g['worse']}: {g['gap']:+.3f} vs sd {g['noise']:.3f}"
+                         f" -> {'real' if g['exceeds_noise'] else 'within seed noise'}{published}")
+    speedups = [r["projected_speedup"] for r in report["rows"] if r["projected_speedup"] is not None]
+    if speedups and max(abs(s - 1.0) for s in speedups) < 0.01:
+        lines += ["CS-2 speed-up is projected for the trained model itself: at this size a step "
+                  "is fixed per-layer latency and sync, not FLOPs, so sparsity cannot show."]
+    if report.get("full_size"):
+        model = report["full_size"][0]["model"]
+        systems = sorted({p["num_csx"] for p in report["full_size"]})
+        lines += [f"projected for the full-size model ({model}): step ms / speed-up vs dense",
+                  f"  {'variant':<10} " + " ".join(f"{f'{n} CS-2':>18}" for n in systems)]
+        for variant in dict.fromkeys(p["variant"] for p in report["full_size"]):
+            cells = {p["num_csx"]: p for p in report["full_size"] if p["variant"] == variant}
+            lines.append(f"  {variant:<10} " + " ".join(
+                f"{cells[n]['step_ms']:>9.1f} / {cells[n]['speedup_vs_dense']:.2f}×"
+                for n in systems))
     return "\n".join(lines)
 
 
@@ -339,6 +405,9 @@ def run_local_study(study_path: Path, *, state_dir: Path, api_port: int = 0, ui_
         study = follow_study(client, study["id"], stack, out=out)
         report = client.get(f"/v1/studies/{study['id']}/report")
         print("\n" + format_report(report["rows"]), file=out)
+        comparison = format_comparison(report)
+        if comparison:
+            print("\n" + comparison, file=out)
         if report.get("png_base64"):
             png = stack.state_dir / f"study-{study['id']}-perplexity.png"
             png.write_bytes(base64.b64decode(report["png_base64"]))
@@ -349,6 +418,11 @@ def run_local_study(study_path: Path, *, state_dir: Path, api_port: int = 0, ui_
             print(f"\n{job['name']} {job['status']}: {job.get('status_message')}\n{logs}",
                   file=out)
         print(f"MLflow UI: {study['mlflow_url'] or stack.ui_url}", file=out, flush=True)
+        if study["mlflow_url"]:
+            from service.studies import compare_url
+
+            print(f"Compare the variants (MLflow chart view): "
+                  f"{compare_url(study['mlflow_url'], study['id'])}", file=out, flush=True)
         if keep_ui:
             print("Ctrl-C stops the stack.", file=out, flush=True)
             _wait_for_interrupt(stack)

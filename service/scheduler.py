@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -43,18 +46,42 @@ class Handle(Protocol):
 Launcher = Callable[..., Handle]  # start_job's keyword signature
 
 
-def ray_launcher(cluster_size: int) -> Launcher:
-    """start_job on a Ray runtime sized for the whole cluster (connect once, from any thread)."""
-    lock = threading.Lock()
+class RayLauncher:
+    """start_job on a Ray runtime sized for the whole cluster: RAY_ADDRESS's, else a local head
+    this launcher starts as a supervised child on the first launch (service/ray_head.py says
+    why not ray.init in a thread) and stops on `close()`."""
 
-    def launch(spec: Any, **kwargs: Any) -> Handle:
+    def __init__(self, cluster_size: int, runs_dir: Path) -> None:
+        self.cluster_size = cluster_size
+        self.runs_dir = runs_dir
+        self._head: Any = None
+        self._lock = threading.Lock()
+
+    def __call__(self, spec: Any, **kwargs: Any) -> Handle:
+        import ray
+
         from workers.runner import connect_ray, start_job
 
-        with lock:
-            connect_ray(num_cpus=cluster_size)
+        with self._lock:
+            address = os.environ.get("RAY_ADDRESS")
+            if not address and not ray.is_initialized():
+                if self._head is None:
+                    from service.ray_head import RayHead
+
+                    self._head = RayHead(num_cpus=self.cluster_size,
+                                         log_path=self.runs_dir / "ray" / "head.log")
+                address = self._head.address
+            connect_ray(num_cpus=self.cluster_size, address=address)
         return start_job(spec, **kwargs)
 
-    return launch
+    def close(self) -> None:
+        with self._lock:
+            if self._head is not None:
+                import ray
+
+                ray.shutdown()
+                self._head.close()
+                self._head = None
 
 
 @dataclass
@@ -85,7 +112,7 @@ class Scheduler:
                  launcher: Launcher | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
-        self.launcher = launcher or ray_launcher(settings.cluster_size)
+        self.launcher = launcher or RayLauncher(settings.cluster_size, settings.runs_dir)
         self._executions: dict[int, Execution] = {}
         self._executions_lock = threading.Lock()
         self._wake = threading.Event()
@@ -103,6 +130,9 @@ class Scheduler:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        close = getattr(self.launcher, "close", None)
+        if close is not None:
+            close()
 
     @property
     def running(self) -> bool:
@@ -199,9 +229,11 @@ class Scheduler:
             else:
                 self._finish(job_id, execution, S.FAILED, "stopped before launch")
         except Exception as err:
-            # The job boundary: whatever went wrong becomes the job's FAILED reason and log.
+            # The job boundary: whatever went wrong becomes the job's FAILED reason (one line,
+            # for users) and, with its traceback, the job's log.
             joblogs.append(self.settings.runs_dir, job_id, traceback.format_exc())
-            self._finish(job_id, execution, S.FAILED, f"{type(err).__name__}: {err}")
+            self._finish(job_id, execution, S.FAILED,
+                         user_reason(err, self.settings.runs_dir, job_id))
         finally:
             with self._executions_lock:
                 self._executions.pop(job_id, None)
@@ -224,6 +256,9 @@ class Scheduler:
                     raise ValueError(f"invalid job: {err}") from err
                 self._move(session, job, S.PROVISIONING, "plan validated")
             model_dir = joblogs.job_dir(self.settings.runs_dir, job.id) / "model"
+            from service.studies import run_identity
+
+            run_name, run_tags = run_identity(job)  # MLflow run name and csx.* tags
             launch_args = {
                 "num_csx": job.num_csx, "mode": job.mode, "model_dir": str(model_dir),
                 "mlflow_run_id": job.mlflow_run_id, "experiment": job.experiment,
@@ -231,6 +266,7 @@ class Scheduler:
                 "progress": lambda event: self._on_progress(job_id, event),
                 "max_failures": job.max_failures,
                 "tracking_uri": self.settings.mlflow_tracking_uri,
+                "run_name": run_name, "tags": run_tags,
             }
             session.commit()
         return spec, launch_args
@@ -253,7 +289,8 @@ class Scheduler:
             if event.get("event") == "recovering":
                 job.failures = int(event.get("failures", job.failures + 1))
                 if job.status == S.RUNNING:
-                    self._move(session, job, S.RECOVERING, f"worker lost: {event.get('error')}")
+                    error = one_line(str(event.get("error")), self.settings.runs_dir)
+                    self._move(session, job, S.RECOVERING, f"worker lost: {error}")
                 return
             job.progress = event
             if job.status == S.RECOVERING:
@@ -310,6 +347,33 @@ class Scheduler:
         if job is None:
             raise LookupError(f"job {job_id} vanished from the database")
         return job
+
+
+MAX_REASON_CHARS = 300
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\"/:]+/)+([^\s'\"/:]+)")
+
+
+def user_reason(err: BaseException, runs_dir: Path, job_id: int) -> str:
+    """One line for a job's status_message: the error's type and the last line of its message
+    (Ray wraps a worker's exception in a traceback), paths shown relative to the runs folder or
+    by their last part only; the full story is in the job's log."""
+    cause = getattr(err, "cause", None)  # a RayTaskError's original exception
+    if isinstance(cause, BaseException):
+        err = cause
+    text = one_line(str(err), runs_dir)
+    reason = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    if len(reason) > MAX_REASON_CHARS:
+        reason = reason[:MAX_REASON_CHARS - 3] + "..."
+    return f"{reason} (details: GET /v1/jobs/{job_id}/logs)"
+
+
+def one_line(message: str, runs_dir: Path) -> str:
+    """The last non-empty line of `message` (a traceback's is the error itself), with paths
+    under `runs_dir` as runs/... and any other absolute path cut to its last part."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    text = lines[-1] if lines else ""
+    text = text.replace(str(runs_dir) + "/", "runs/")
+    return _ABSOLUTE_PATH.sub(lambda m: ".../" + m.group(1), text)[:MAX_REASON_CHARS]
 
 
 def _experiment_id(settings: Settings, run_id: str) -> str:

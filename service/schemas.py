@@ -15,13 +15,22 @@ from pydantic import (
     model_validator,
 )
 
-from workers.spec import JobSpec
+from workers.spec import JobSpec, with_overrides
 
 Mode = Literal["train", "eval", "train_and_eval", "eval_all"]
 StudyAlgorithm = Literal["dense", "static", "set", "rigl", "granet"]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
 TagKey = Annotated[str, StringConstraints(min_length=1, max_length=100)]
 TagValue = Annotated[str, StringConstraints(max_length=1000)]
+
+
+class CheckpointRef(BaseModel):
+    """A checkpoint of a job the caller can see; the service resolves it to the file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: int = Field(ge=1, le=2**63 - 1)
+    step: int | None = Field(default=None, ge=0, le=2**63 - 1, description="default: newest")
 
 
 class RunOptions(BaseModel):
@@ -36,8 +45,22 @@ class RunOptions(BaseModel):
     max_failures: int | None = Field(
         default=None, ge=0, le=100, description="worker failures recovered; default runconfig's"
     )
-    timeout_s: float | None = Field(default=None, gt=0, le=30 * 86400)
+    timeout_s: float | None = Field(default=None, gt=0, le=30 * 86400, allow_inf_nan=False)
     tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=50)
+    overrides: list[Annotated[str, StringConstraints(max_length=1000)]] = Field(
+        default_factory=list, max_length=100,
+        description="`section.key=value` applied to params first, as `csx run --set` does")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_overrides(cls, data: Any) -> Any:
+        overrides = data.get("overrides") if isinstance(data, dict) else None
+        if (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)
+                and isinstance(data.get("params"), dict)):
+            return {**data, "params": with_overrides(data["params"], overrides)}
+        return data
+    checkpoint: CheckpointRef | None = Field(
+        default=None, description="start (train) or evaluate (eval) from this job's checkpoint")
 
 
 class JobCreate(RunOptions):
@@ -121,6 +144,13 @@ class StudyCreate(RunOptions):
     algorithms: list[StudyAlgorithm] | None = Field(default=None, min_length=1, max_length=16)
     sparsity: float | None = Field(default=None, description="target level for `algorithms`")
     variants: list[StudyVariant] | None = Field(default=None, min_length=1, max_length=16)
+    algorithm_options: dict[StudyAlgorithm, dict[str, Any]] | None = Field(
+        default=None, description="keys added to the sparsity section the service derives for "
+                                  "an algorithm of `algorithms`, e.g. {rigl: {balance_out_groups: 32}}")
+    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = Field(
+        default=None, min_length=1, max_length=10,
+        description="run every variant once per seed (as runconfig.seed); the report gives "
+                    "mean ± sd per variant and which gaps exceed seed noise")
 
     @field_validator("sparsity")
     @classmethod
@@ -140,6 +170,12 @@ class StudyCreate(RunOptions):
                 raise ValueError("`algorithms` other than dense need `sparsity`")
         if self.variants is not None and len({v.name for v in self.variants}) != len(self.variants):
             raise ValueError("variant names must be distinct")
+        extra = set(self.algorithm_options or {}) - (set(self.algorithms or []) - {"dense"})
+        if extra:
+            raise ValueError(f"algorithm_options names {sorted(extra)}, not a sparse algorithm "
+                             "of `algorithms`")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct, got {self.seeds}")
         return self
 
 
@@ -162,12 +198,44 @@ class StudyReportRow(BaseModel):
     best_eval_perplexity: float | None
     projected_speedup: float | None
     wall_time_s: float | None
+    seed: int | None = None
+
+
+class StudyVariantSummary(BaseModel):
+    variant: str
+    runs: int = Field(description="runs with a final eval perplexity (one per seed)")
+    final_eval_perplexity_mean: float | None
+    final_eval_perplexity_sd: float | None = Field(description="sample sd over seeds; null below 2 runs")
+    projected_speedup_mean: float | None
+
+
+class StudyGap(BaseModel):
+    better: str = Field(description="the variant with the lower mean final perplexity")
+    worse: str
+    gap: float = Field(description="mean final perplexity of `worse` minus that of `better`")
+    noise: float = Field(description="the larger of the two seed-to-seed sds")
+    exceeds_noise: bool = Field(description="gap > noise, with at least 2 runs on each side")
+    published: Literal["agrees", "disagrees"] | None = Field(
+        description="against Cerebras' published order of this pair at 80%; null if unpublished")
+
+
+class StudyProjection(BaseModel):
+    variant: str
+    model: str = Field(description="which model the numbers are for")
+    num_csx: int
+    step_ms: float
+    speedup_vs_dense: float
 
 
 class StudyReport(BaseModel):
     study_id: int
     complete: bool
     rows: list[StudyReportRow]
+    variants: list[StudyVariantSummary] = Field(default_factory=list, description="over seeds")
+    gaps: list[StudyGap] = Field(default_factory=list, description="every pair of variants")
+    full_size: list[StudyProjection] = Field(
+        default_factory=list, description="CS-2 projection of the full-size model when the "
+                                          "study trains a scaled-down proxy of it")
     png_base64: str | None = Field(description="perplexity curves, PNG; null before any eval")
 
 

@@ -20,6 +20,10 @@ from service.preflight import Problem
 JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 Model = TypeVar("Model", bound=BaseModel)
+# A params file nests about 8 levels (body, params, sparsity, groups, a group, a schedule, ...).
+MAX_DEPTH = 32
+MAX_NODES = 100_000
+MAX_INT = 2**63
 
 
 def request_body_openapi(schema_name: str) -> dict[str, Any]:
@@ -53,11 +57,57 @@ async def read_mapping(request: Request) -> dict[str, Any]:
                 f"Content-Type {media_type!r} is not supported; use application/json or "
                 "application/yaml",
             )
+    except RecursionError:
+        raise unprocessable([((), f"body nests deeper than {MAX_DEPTH} levels")]) from None
     except (ValueError, yaml.YAMLError) as err:
-        raise unprocessable([((), f"body is not valid {media_type}: {err}")]) from None
+        raise unprocessable([((), f"body is not valid {media_type}: {str(err)[:500]}")]) from None
     if not isinstance(data, dict):
         raise unprocessable([((), f"body must be a mapping, got {type(data).__name__}")])
+    problem = shape_problem(data)
+    if problem is not None:
+        raise unprocessable([problem])
     return data
+
+
+def shape_problem(data: Any) -> Problem | None:
+    """Why a parsed body is refused before any validator walks it, or None: nesting deeper than
+    MAX_DEPTH (validators and serialisers recurse), more than MAX_NODES values once YAML
+    aliases are expanded (a few lines of anchors can stand for billions), a YAML alias that
+    contains itself, or an integer beyond 64 bits (no field takes one; converting it to a float
+    overflows). One pass without recursion; a node shared through aliases is measured once."""
+    # id of a finished container -> (values in it once expanded, levels below and with it)
+    measured: dict[int, tuple[int, int]] = {}
+    open_ids: set[int] = set()  # containers on the current path: met again means a cycle
+    stack: list[tuple[Any, tuple[str | int, ...], bool]] = [(data, (), False)]
+    while stack:
+        node, loc, finished = stack.pop()
+        depth = len(loc) + 1
+        if isinstance(node, int) and not -MAX_INT <= node <= MAX_INT:
+            return loc, f"integer out of range (at most {MAX_INT} in magnitude)"
+        if not isinstance(node, dict | list):
+            continue
+        if finished:
+            children = [measured.get(id(c), (1, 0)) for c in
+                        (node.values() if isinstance(node, dict) else node)]
+            size = 1 + sum(size for size, _ in children)
+            measured[id(node)] = size, 1 + max((height for _, height in children), default=0)
+            if size > MAX_NODES:
+                return (), f"body holds more than {MAX_NODES} values"
+            open_ids.discard(id(node))
+            continue
+        if id(node) in open_ids:
+            return (), "body contains itself (a recursive YAML alias)"
+        height = measured[id(node)][1] if id(node) in measured else 1
+        if depth - 1 + height > MAX_DEPTH:
+            return (), f"body nests deeper than {MAX_DEPTH} levels"
+        if id(node) in measured:
+            continue
+        open_ids.add(id(node))
+        stack.append((node, loc, True))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        stack.extend((child, (*loc, str(key)[:100] if isinstance(node, dict) else key), False)
+                     for key, child in items)
+    return None
 
 
 def nest_params(data: dict[str, Any], schema: type[BaseModel]) -> dict[str, Any]:
@@ -75,3 +125,6 @@ def validate(schema: type[Model], data: dict[str, Any]) -> Model:
         # Only loc/msg/type: `input` may echo megabytes back, `ctx` may hold exceptions.
         problems = [(tuple(e["loc"]), e["msg"]) for e in err.errors(include_url=False)]
         raise unprocessable(problems) from None
+    except (ArithmeticError, RecursionError) as err:
+        # A validator that does arithmetic on an absurd value: the value's fault, not a 500.
+        raise unprocessable([((), f"a value is out of range: {str(err)[:200]}")]) from None

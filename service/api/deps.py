@@ -59,25 +59,23 @@ async def get_current_user(
 CurrentUser = Annotated[Caller, Depends(get_current_user)]
 
 
-def _check_owner(user: Caller, owner_id: int) -> None:
-    if not user.is_admin and owner_id != user.id:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "Not enough permissions")
+def _visible(user: Caller, owner_id: int) -> bool:
+    return user.is_admin or owner_id == user.id
 
 
 async def get_owned_job(job_id: ResourceId, session: SessionDep, user: CurrentUser) -> Job:
-    """Load the job, 404 if missing, 403 unless the caller owns it or is an admin."""
+    """Load the job; 404 if it is missing or not the caller's (admins see every job): the same
+    answer in both cases, so ids of other users' jobs are not revealed."""
     job = session.get(Job, job_id)
-    if job is None:
+    if job is None or not _visible(user, job.owner_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"Job {job_id} not found")
-    _check_owner(user, job.owner_id)
     return job
 
 
 async def get_owned_study(study_id: ResourceId, session: SessionDep, user: CurrentUser) -> Study:
     study = session.get(Study, study_id)
-    if study is None:
+    if study is None or not _visible(user, study.owner_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"Study {study_id} not found")
-    _check_owner(user, study.owner_id)
     return study
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from service.preflight import ALGORITHM_NAMES, SCHEDULE_NAMES, regex_problem
+from service.preflight import ALGORITHM_NAMES, BUILTIN_DATA_SETS, SCHEDULE_NAMES, regex_problem
 
 
 def test_service_main_imports_without_torch() -> None:
@@ -27,6 +27,14 @@ def test_name_lists_match_the_sparsity_registries() -> None:
     builtin_schedules = [n for n in schedule_names()
                          if sparsity.schedules.Schedule.registry[n].__module__.startswith("sparsity.")]
     assert sorted(SCHEDULE_NAMES) == builtin_schedules
+
+
+def test_builtin_data_set_names_match_the_workers() -> None:
+    from workers import data
+
+    builtin = sorted(v.removeprefix("builtin:") for k, v in vars(data).items()
+                     if k.startswith("BUILTIN_") and isinstance(v, str))
+    assert sorted(BUILTIN_DATA_SETS) == builtin
 
 
 @pytest.mark.parametrize("pattern", [r"(a+)+$", r"(a|aa)*b", r"(x*)*", r"^(\w+\s?)*$",

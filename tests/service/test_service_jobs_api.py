@@ -65,7 +65,7 @@ def test_num_csx_defaults_to_runconfig(client: TestClient, alice: dict[str, str]
     ({"train_input": {"data_dir": "../../etc"}}, "data_dir", "outside the allowed data roots"),
     ({"mode": "dance"}, "mode", "train"),
     ({"model": {"preset": "galactic"}}, "preset", "tiny"),
-    ({"runconfig": {"max_steps": 10, "bogus": 1}}, "bogus", "Extra inputs"),
+    ({"runconfig": {"max_steps": 10, "bogus": 1}}, "runconfig", "bogus"),
     ({"timeout_s": -1}, "timeout_s", "greater than 0"),
 ])
 def test_submit_bad_input_is_422_naming_field(client: TestClient, alice: dict[str, str],
@@ -150,14 +150,17 @@ def test_auth_401_without_or_with_bad_token(client: TestClient) -> None:
     assert client.get("/v1/healthz").json()["status"] == "ok"
 
 
-def test_auth_403_on_someone_elses_job(client: TestClient, alice: dict[str, str],
-                                       bob: dict[str, str], admin: dict[str, str]) -> None:
+def test_someone_elses_job_is_404_like_a_missing_one(client: TestClient, alice: dict[str, str],
+                                                      bob: dict[str, str],
+                                                      admin: dict[str, str]) -> None:
+    """Issue 12 item 5: 403 vs 404 told which job ids exist."""
     _paused(client)
     job_id = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
     for path in ("", "/events", "/logs"):
-        forbidden = client.get(f"/v1/jobs/{job_id}{path}", headers=bob)
-        assert forbidden.status_code == 403 and forbidden.json()["detail"] == "Not enough permissions"
-    assert client.post(f"/v1/jobs/{job_id}:cancel", headers=bob).status_code == 403
+        hidden = client.get(f"/v1/jobs/{job_id}{path}", headers=bob)
+        assert hidden.status_code == 404 and hidden.json()["detail"] == f"Job {job_id} not found"
+    for action in (":cancel", ":retry"):
+        assert client.post(f"/v1/jobs/{job_id}{action}", headers=bob).status_code == 404
     assert client.get(f"/v1/jobs/{job_id}", headers=admin).status_code == 200
     assert client.get("/v1/jobs", headers=bob).json()["count"] == 0
     missing = client.get("/v1/jobs/999999", headers=alice)
@@ -189,6 +192,6 @@ def test_validate_returns_the_plan_without_queueing(client: TestClient,
     result = response.json()
     assert result["valid"] and result["num_csx"] == 2 and result["plan"]
     assert client.get("/v1/jobs", headers=alice).json()["count"] == 0
-    bad = client.post("/v1/jobs:validate", json=job_body(optimizer={"type": "NoSuchOptimizer"}),
+    bad = client.post("/v1/jobs:validate", json=job_body(optimizer={"optimizer_type": "NoSuchOptimizer"}),
                       headers=alice)
     assert bad.status_code == 422 and "NoSuchOptimizer" in bad.json()["detail"][0]["msg"]

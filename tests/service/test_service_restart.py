@@ -18,8 +18,8 @@ from service_helpers import REPO_ROOT, ServerProcess, is_alive, wait_for
 MAX_STEPS = 300
 CHECKPOINT_STEPS = 20
 PARAMS = {
-    "train_input": {"batch_size": 4, "seq_len": 16},
-    "eval_input": {"batch_size": 4, "seq_len": 16},
+    "train_input": {"batch_size": 4, "max_sequence_length": 16},
+    "eval_input": {"batch_size": 4, "max_sequence_length": 16},
     "model": {"preset": "tiny"},
     "sparsity": {"algorithm": "static", "sparsity": 0.5},
     "runconfig": {"max_steps": MAX_STEPS, "checkpoint_steps": CHECKPOINT_STEPS, "log_steps": 5,

@@ -124,7 +124,8 @@ def test_failure_then_retry_reuses_the_mlflow_run(client: TestClient, alice: dic
     first = launcher.handle_for(job_id)
     first.finish(RuntimeError("gloo exploded"))
     failed = wait_status(client, alice, job_id, "FAILED")
-    assert failed["status_message"] == "RuntimeError: gloo exploded"
+    assert failed["status_message"] == (f"RuntimeError: gloo exploded "
+                                        f"(details: GET /v1/jobs/{job_id}/logs)")
     assert failed["mlflow_run_id"] == first.run_id and failed["mlflow_url"].endswith(first.run_id)
     retried = client.post(f"/v1/jobs/{job_id}:retry", headers=alice)
     assert retried.status_code == 202 and retried.json()["attempt"] == 2
@@ -140,7 +141,7 @@ def test_failure_then_retry_reuses_the_mlflow_run(client: TestClient, alice: dic
 
 def test_deep_validation_failure_names_the_reason(client: TestClient, alice: dict[str, str],
                                                   launcher: ScriptedLauncher) -> None:
-    job_id = _submit(client, alice, optimizer={"type": "NoSuchOptimizer"})
+    job_id = _submit(client, alice, optimizer={"optimizer_type": "NoSuchOptimizer"})
     failed = wait_status(client, alice, job_id, "FAILED")
     assert failed["status_message"].startswith("ValueError: invalid job")
     assert "NoSuchOptimizer" in failed["status_message"]

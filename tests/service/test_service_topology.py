@@ -52,8 +52,8 @@ VARIANTS = ["dense", "rigl"]
 STUDY = {
     "name": "topology", "experiment": EXPERIMENT, "algorithms": VARIANTS, "sparsity": 0.8,
     "params": {
-        "train_input": {"data_dir": "builtin:shakespeare", "batch_size": 4, "seq_len": 16},
-        "eval_input": {"batch_size": 4, "seq_len": 16},
+        "train_input": {"data_dir": "builtin:shakespeare", "batch_size": 4, "max_sequence_length": 16},
+        "eval_input": {"batch_size": 4, "max_sequence_length": 16},
         "model": {"preset": "tiny", "tokenizer": "byte"},
         "runconfig": {"max_steps": 4, "eval_steps": 1, "log_steps": 2, "seed": 0,
                       "num_csx": 2},
@@ -306,7 +306,7 @@ def test_study_through_the_compose_topology(topology: Topology,
         assert run["params"]["num_csx"] == "2"
         assert run["metrics"]["eval/perplexity"] == pytest.approx(
             job.result["final_eval_perplexity"])
-        assert {"train/loss", "eval/loss", "perf/tokens_per_s"} <= set(run["metrics"])
+        assert {"train/loss", "eval/loss", "host/tokens_per_s"} <= set(run["metrics"])
     rigl = by_id[jobs[1].mlflow_run_id]
     assert rigl["params"]["target_sparsity"] == "0.8"
     assert rigl["metrics"]["sparsity/global"] == pytest.approx(0.8, abs=0.02)

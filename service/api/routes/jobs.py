@@ -44,19 +44,24 @@ IdempotencyKeyHeader = Annotated[
 ]
 
 
-async def _parse_job(request: Request, settings: SettingsDep) -> tuple[dict[str, Any], JobCreate]:
+Parsed = tuple[dict[str, Any], JobCreate, str | None]  # body, schema, checkpoint file
+
+
+async def _parse_job(request: Request, settings: SettingsDep, session: SessionDep,
+                     user: CurrentUser) -> Parsed:
     data = nest_params(await read_mapping(request), JobCreate)
     job_in = validate(JobCreate, data)
     try:
-        check_submission(job_in, job_in.params, settings)
+        checkpoint = check_submission(job_in, job_in.params, settings, session=session,
+                                      caller=user)
     except SubmissionError as err:
         raise unprocessable(err.problems) from None
-    return data, job_in
+    return data, job_in, checkpoint
 
 
 # Validation builds a model with torch (up to seconds): its handler is a plain function so that
 # FastAPI runs it in the thread pool instead of blocking the event loop for everyone.
-ParsedJob = Annotated[tuple[dict[str, Any], JobCreate], Depends(_parse_job)]
+ParsedJob = Annotated[Parsed, Depends(_parse_job)]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic,
@@ -68,13 +73,14 @@ async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
                      idempotency_key: IdempotencyKeyHeader = None) -> Response:
     # Async on purpose: its few SQLite writes then run one at a time on the event loop, which
     # measured faster than thread-pool handlers contending for SQLite's write lock.
-    data, job_in = await _parse_job(request, settings)
+    data, job_in, checkpoint = await _parse_job(request, settings, session, user)
     body_hash = crud.request_hash(data)
     if idempotency_key is not None:
         replay = _replay(session, user, idempotency_key, body_hash)
         if replay is not None:
             return replay
-    job = crud.add_job(session, owner=user, **job_fields(job_in, job_in.params, name=job_in.name))
+    job = crud.add_job(session, owner=user, **job_fields(job_in, job_in.params, name=job_in.name,
+                                                         checkpoint=checkpoint))
     public = job_public(session, job, user.name, settings)
     if idempotency_key is not None:
         session.add(IdempotencyKey(owner_id=user.id, key=idempotency_key, request_hash=body_hash,
@@ -109,7 +115,7 @@ def _replay(session: SessionDep, user: CurrentUser, key: str, body_hash: str) ->
              openapi_extra=request_body_openapi("JobCreate"))
 def validate_job(parsed: ParsedJob, user: CurrentUser) -> ValidationPublic:
     """The --validate_only plan for a submission, without queueing it (loads torch)."""
-    _, job_in = parsed
+    _, job_in, _ = parsed
     num_csx = resolve_num_csx(job_in, job_in.params)
     from workers.plan import validate_plan
 

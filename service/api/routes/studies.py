@@ -15,9 +15,10 @@ from service.api.body import (
     validate,
 )
 from service.api.deps import CurrentUser, OwnedStudy, SchedulerDep, SessionDep, SettingsDep
+from service.full_size import full_size_request
 from service.jobs import SubmissionError, check_submission, job_fields, mlflow_url, to_public
 from service.schemas import StudyCreate, StudyPublic, StudyReport
-from service.studies import build_report, open_parent_run, study_status, variant_spec, variants
+from service.studies import build_report, open_parent_run, study_jobs, study_status, variant_spec
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -26,26 +27,32 @@ router = APIRouter(prefix="/studies", tags=["studies"])
              openapi_extra=request_body_openapi("StudyCreate"))
 async def create_study(request: Request, session: SessionDep, user: CurrentUser,
                        settings: SettingsDep, scheduler: SchedulerDep) -> StudyPublic:
-    study_in = validate(StudyCreate, nest_params(await read_mapping(request), StudyCreate))
+    body = nest_params(await read_mapping(request), StudyCreate)
+    study_in = validate(StudyCreate, body)
     specs = []
-    for index, (name, sparsity) in enumerate(variants(study_in)):
+    jobs = study_jobs(study_in)
+    per_seed = len(jobs) // len(study_in.seeds or [None])
+    for index, (name, seed, sparsity) in enumerate(jobs):
         try:
-            spec = variant_spec(study_in.params, sparsity)
-            check_submission(study_in, spec, settings)
+            spec = variant_spec(study_in.params, sparsity, seed)
+            checkpoint = check_submission(study_in, spec, settings, session=session, caller=user)
         except SubmissionError as err:
             where = "variants" if study_in.variants is not None else "algorithms"
-            problems = [((where, index, *loc), msg) for loc, msg in err.problems]
+            problems = [((where, index % per_seed, *loc), msg) for loc, msg in err.problems]
             raise unprocessable(problems) from None
         except ValueError as err:  # pydantic's ValidationError of the variant's section
-            raise unprocessable([(("variants", index, "sparsity"), str(err))]) from None
-        specs.append((name, spec))
+            raise unprocessable([(("variants", index % per_seed, "sparsity"), str(err))]) from None
+        specs.append((name, seed, spec, checkpoint))
     experiment = study_in.experiment or study_in.params.runconfig.mlflow_experiment
     study = crud.add_study(session, owner=user, name=study_in.name, experiment=experiment,
-                           request=study_in.model_dump(mode="json"))
+                           request=study_in.model_dump(mode="json") | full_size_request(body))
     study.mlflow_experiment_id, study.mlflow_run_id = open_parent_run(settings, study)
-    for name, spec in specs:
-        fields = job_fields(study_in, spec, name=f"{study_in.name}/{name}")
-        fields["tags"] = {**fields["tags"], "csx.variant": name, "csx.study": study_in.name}
+    for name, seed, spec, checkpoint in specs:
+        suffix = "" if seed is None else f"/seed{seed}"
+        fields = job_fields(study_in, spec, name=f"{study_in.name}/{name}{suffix}",
+                            checkpoint=checkpoint)
+        fields["tags"] = {**fields["tags"], "csx.variant": name, "csx.study": study_in.name,
+                          **({} if seed is None else {"csx.seed": str(seed)})}
         crud.add_job(session, owner=user, study_id=study.id, **fields)
     session.commit()
     session.refresh(study)

@@ -1,0 +1,99 @@
+"""Which files a REST job may read or write: checkpoints of jobs its owner can see, and a
+model_dir inside the job's own folder.
+
+A job starts from (or evaluates) a checkpoint named by job id, `checkpoint: {job: 12, step: 50}`
+(newest step when `step` is left out), or by a path in `runconfig.checkpoint_path` that lies in
+the folder of a job the caller can see. Everything else is refused with one message whatever
+the reason (no such job, someone else's job, no such step, a path elsewhere): the answer tells
+nothing about what exists outside what the caller may see.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service import joblogs
+from service.crud import Caller
+from service.models import Job
+from service.preflight import Problem, is_within, resolve_path
+
+CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)\.mdl$")  # workers/checkpoint.py's names
+JOB_FOLDER = re.compile(r"^job-(\d+)$")
+
+
+def checkpoint_file(runs_dir: Path, job_id: int, step: int | None) -> Path | None:
+    """The job's checkpoint at `step` (its newest when None), or None if there is none."""
+    model_dir = joblogs.job_dir(runs_dir, job_id) / "model"
+    steps = {}
+    if model_dir.is_dir():
+        for path in model_dir.iterdir():
+            match = CHECKPOINT_NAME.match(path.name)
+            if match:
+                steps[int(match.group(1))] = path
+    if step is None:
+        return steps[max(steps)] if steps else None
+    return steps.get(step)
+
+
+def can_see(session: Session, caller: Caller, job_id: int) -> bool:
+    if not 1 <= job_id < 2**63:
+        return False
+    owner = session.scalar(select(Job.owner_id).where(Job.id == job_id))
+    return owner is not None and (caller.is_admin or owner == caller.id)
+
+
+def resolve_checkpoint(session: Session, caller: Caller, runs_dir: Path,
+                       reference: Any, params: Mapping[str, Any]) -> tuple[str | None, list[Problem]]:
+    """The checkpoint file a submission starts from (None: none), or the problems that refuse it.
+
+    `reference` is the `checkpoint` option ({job, step}) or None; `params` the raw params."""
+    runconfig = params.get("runconfig")
+    runconfig = runconfig if isinstance(runconfig, Mapping) else {}
+    raw_path = runconfig.get("checkpoint_path")
+    problems = _model_dir_problems(runconfig.get("model_dir"))
+    if reference is not None and raw_path is not None:
+        problems.append((("checkpoint",), "give either `checkpoint` or "
+                                          "params.runconfig.checkpoint_path, not both"))
+        return None, problems
+    if reference is not None:
+        job_id, step = reference.job, reference.step
+        found = checkpoint_file(runs_dir, job_id, step) if can_see(session, caller, job_id) \
+            else None
+        if found is None:
+            at = f"step {step}" if step is not None else "any step"
+            problems.append((("checkpoint",), f"no checkpoint at {at} of a job {job_id} you "
+                                              "can see"))
+        return (str(found) if found else None), problems
+    if raw_path is None:
+        return None, problems
+    where = ("params", "runconfig", "checkpoint_path")
+    refusal = (where, "must name a checkpoint of a job you can see, as runs/job-<id>/model/"
+                      "checkpoint_<step>.mdl (or use `checkpoint: {job: <id>, step: <step>}`)")
+    resolved = resolve_path(raw_path, runs_dir) if isinstance(raw_path, str) else None
+    root = runs_dir.resolve()
+    if resolved is None or not is_within(resolved, root) or resolved == root:
+        return None, [*problems, refusal]
+    folder = JOB_FOLDER.match(resolved.relative_to(root).parts[0])
+    if folder is None or not can_see(session, caller, int(folder.group(1))) \
+            or not resolved.is_file():
+        return None, [*problems, refusal]
+    return str(resolved), problems
+
+
+def _model_dir_problems(model_dir: Any) -> list[Problem]:
+    """The service keeps each job's model in runs/job-<id>/model; a relative model_dir (what
+    ModelZoo params files carry) stays inside it, anything else is refused."""
+    if model_dir is None:
+        return []
+    path = Path(model_dir) if isinstance(model_dir, str) and "\x00" not in model_dir else None
+    if path is None or path.is_absolute() or ".." in path.parts or model_dir.startswith("~"):
+        return [(("params", "runconfig", "model_dir"),
+                 "must be a relative path inside the job's own folder (the service keeps each "
+                 "job's model in runs/job-<id>/model); leave it out")]
+    return []

@@ -1,0 +1,99 @@
+"""Issue 12 item 1: `csx serve` by hand (local Ray, as the README's "by hand" section runs it)
+keeps scheduling after its first jobs end, and a `kill -9` of it leaves no Ray process behind.
+
+The bug: `ray.init` ran in a job's execution thread, and Ray ties gcs_server and raylet to the
+thread that forked them, so they were defunct as soon as that job's thread ended and the server
+exited a minute later. Here two jobs run in sequence; once the second one is done (the first
+one's thread is long gone) no process under the server may be defunct, gcs_server and raylet
+must be alive, and a third job must run to the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.local_stack import (
+    DEV_TOKEN_LINE,
+    StackProcess,
+    descendants,
+    free_port,
+    wait_for_line,
+    wait_until_up,
+)
+from service_helpers import processes_with_env, wait_for
+
+TINY = {
+    "train_input": {"batch_size": 2, "max_sequence_length": 8},
+    "model": {"preset": "tiny"},
+    "sparsity": {"algorithm": "static", "sparsity": 0.5},
+    "runconfig": {"max_steps": 2, "log_steps": 1, "max_failures": 0},
+}
+
+
+def _state(pid: int) -> tuple[str, str] | None:
+    """(command name, state letter) of a process, None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name, rest = text.split("(", 1)[1].rsplit(")", 1)
+    return name, rest.split()[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_serve_runs_jobs_after_the_first_ones_end_and_leaves_nothing_when_killed(
+        tmp_path: Path) -> None:
+    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}",
+           "CSX_RUNS_DIR": str(tmp_path / "runs"), "CSX_CLUSTER_SIZE": "1",
+           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)  # the by-hand path: the service runs its own local Ray
+    port = free_port()
+    server = StackProcess.start(
+        "csx serve", [sys.executable, "-m", "service.cli", "serve", "--dev-token",
+                      "--host", "127.0.0.1", "--port", str(port)],
+        log_path=tmp_path / "serve.log", env=env, cwd=tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(f"{url}/v1/healthz", server, 120)
+        token = wait_for_line(DEV_TOKEN_LINE, server, 30).group(1)
+        http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                            timeout=30)
+
+        def run_job() -> None:
+            job_id = http.post("/v1/jobs", json={"params": TINY}).json()["id"]
+
+            def finished() -> dict | None:
+                server.check_alive()
+                job = http.get(f"/v1/jobs/{job_id}").json()
+                return job if job["status"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+            job = wait_for(finished, 180, f"job {job_id} to finish")
+            assert job["status"] == "SUCCEEDED", (job["status_message"], server.log_tail())
+
+        run_job()
+        run_job()
+        # Ray's core processes, not defunct (other children come and go: a worker that just
+        # exited may be a zombie for a moment).
+        family = [_state(pid) for pid in descendants(server.popen.pid)]
+        core = sorted(s for s in family if s and s[0] in ("gcs_server", "raylet"))
+        assert [name for name, _ in core] == ["gcs_server", "raylet"], family
+        assert all(state != "Z" for _, state in core), core
+        run_job()
+        assert http.get("/v1/healthz").json()["scheduler"] == "running"
+
+        os.kill(server.popen.pid, signal.SIGKILL)
+        server.popen.wait(30)
+        # The Ray head watches the pipe from the server: everything it ran goes too, agents
+        # (ray::DashboardAgent, ray::RuntimeEnvAgent) and workers included.
+        wait_for(lambda: processes_with_env(str(tmp_path)) == [], 90,
+                 "every process the killed server started to exit")
+    finally:
+        server.stop()

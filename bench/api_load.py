@@ -47,7 +47,7 @@ TARGET_REQ_PER_S, TARGET_P99_MS = 300.0, 50.0
 BODY = {
     "name": "load",
     "params": {
-        "train_input": {"batch_size": 8, "seq_len": 16},
+        "train_input": {"batch_size": 8, "max_sequence_length": 16},
         "sparsity": {"algorithm": "rigl", "sparsity": 0.9, "update": {"freq": 10, "stop": 80}},
         "runconfig": {"max_steps": 100},
     },

@@ -34,9 +34,9 @@ from workers.spec import JobSpec  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results" / "dp_scaling.json"
 TARGET_RATIO = 1.7
 SPEC = """
-train_input: {{batch_size: {batch}, seq_len: {seq_len}}}
+train_input: {{batch_size: {batch}, max_sequence_length: {seq_len}}}
 model: {{preset: {preset}}}
-optimizer: {{type: AdamW, learning_rate: 3.0e-3, max_gradient_norm: 1.0}}
+optimizer: {{optimizer_type: AdamW, learning_rate: 3.0e-3, max_gradient_norm: 1.0}}
 sparsity: {{algorithm: rigl, sparsity: 0.8, update: {{freq: 20}}, drop_fraction: 0.3}}
 runconfig: {{max_steps: {steps}, log_steps: {steps}, seed: 0}}
 """
@@ -46,7 +46,7 @@ def measure(spec: JobSpec, num_csx: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="csx-dp-") as model_dir:
         summary = run_job(spec, num_csx=num_csx, model_dir=model_dir, tracking=False)
     tokens_per_s = summary["tokens_per_s"]
-    global_tokens = spec.train_input.batch_size * spec.train_input.seq_len
+    global_tokens = spec.train_input.batch_size * spec.train_input.max_sequence_length
     step_s = global_tokens / tokens_per_s  # mean optimizer-step time, all ranks in lockstep
     # the first all-reduce (start-up skew between ranks) is not timed by the runner
     allreduce_s = summary["comm/allreduce_s"] / max(1, summary["comm/allreduce_calls"] - 1)

@@ -38,8 +38,8 @@ def commands(block: str) -> list[str]:
 
 def tiny(example: str, folder: Path) -> Path:
     data = yaml.safe_load((ROOT / "examples" / example).read_text())
-    data["train_input"] = {**data["train_input"], "batch_size": 4, "seq_len": 16}
-    data["eval_input"] = {"batch_size": 4, "seq_len": 16}
+    data["train_input"] = {**data["train_input"], "batch_size": 4, "max_sequence_length": 16}
+    data["eval_input"] = {"batch_size": 4, "max_sequence_length": 16}
     data["runconfig"] = {**data["runconfig"], "max_steps": TINY_STEPS, "eval_frequency": 2,
                          "eval_steps": 1, "checkpoint_steps": 0, "log_steps": 2}
     if "algorithms" in data:
@@ -96,6 +96,32 @@ def test_sparsity_yaml_blocks_configure():
     assert len(sections) >= 2  # both ModelZoo layouts
     for section in sections:
         assert sparsity.configure(section) is not None
+
+
+@pytest.mark.slow
+def test_modelzoo_porting_block(tmp_path, monkeypatch, capsys):
+    """The three porting lines, in process, from a folder with examples/ in it; the training
+    line runs 4 steps on one system (the 2-system path: tests/workers/test_workers_modelzoo_e2e.py)."""
+    import shlex
+
+    from workers import cli
+
+    section = README[README.index("## Running a Cerebras ModelZoo params file"):README.index("## A short tour")]
+    lines = commands(blocks(section, "bash")[0])
+    assert len(lines) == 3 and all(line.startswith("csx ") for line in lines)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    swaps = {"runconfig.max_steps=200": f"runconfig.max_steps={TINY_STEPS}", "--num_csx 2": "--num_csx 1"}
+    outputs = []
+    for line in lines:
+        for old, new in swaps.items():
+            line = line.replace(old, new)
+        assert cli.main(shlex.split(line.removeprefix("csx "))) == 0, line
+        outputs.append(capsys.readouterr().out)
+    assert "sparsified weights: 72 of 73" in outputs[0] and "speedup vs dense" in outputs[0]
+    assert (tmp_path / "data" / "shakespeare" / "data-00000.h5").is_file()
+    assert f'"steps": {TINY_STEPS}' in outputs[2]
 
 
 @pytest.mark.slow

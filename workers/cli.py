@@ -1,7 +1,10 @@
 """The ``csx`` command line.
 
     csx run --params P.yaml [--num_csx N] [--mode train|eval|train_and_eval|eval_all]
-            [--model_dir D] [--checkpoint_path C] [--validate_only] [--logging DEBUG]
+            [--model_dir D] [--checkpoint_path C] [--validate_only] [--set KEY.PATH=VALUE ...]
+            [--logging DEBUG]
+    csx preprocess --input TEXT [TEXT ...] --output_dir D --max_sequence_length N
+            [--vocab_file F [--merges_file M]]
     csx finalize --input ckpt --output ckpt [--mode zeros|nan] [--csr out.npz]
 
 Subcommands from other packages are registered lazily in ``PLUGIN_COMMANDS`` (name → module):
@@ -62,6 +65,13 @@ def _add_run(subparsers: Any) -> None:
     parser.add_argument("--checkpoint_path", default=None, help="start from / evaluate this checkpoint")
     parser.add_argument("--validate_only", action="store_true",
                         help="print the plan (matched parameters, sparsity, FLOPs, projected step time) and exit")
+    parser.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
+                        metavar="KEY.PATH=VALUE",
+                        help="override params keys, typed by the schema, e.g. "
+                             "--set model.num_hidden_layers=2 model.hidden_size=256")
+    parser.add_argument("--python_paths", nargs="+", default=[], metavar="DIR",
+                        help="folders of your own code (e.g. a SparsityAlgorithm subclass the params "
+                             "name as `algorithm: MyAlgo`), imported before the run; CLI only")
     parser.add_argument("--logging", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.set_defaults(handler=_run)
 
@@ -76,11 +86,29 @@ def _add_finalize(subparsers: Any) -> None:
     parser.set_defaults(handler=_finalize)
 
 
-LOCAL_COMMANDS: dict[str, Callable[[Any], None]] = {"run": _add_run, "finalize": _add_finalize}
+def _add_preprocess(subparsers: Any) -> None:
+    parser = subparsers.add_parser("preprocess", help="text files -> ModelZoo HDF5 (input_ids, attention_mask, labels)")
+    parser.add_argument("--input", nargs="+", required=True,
+                        help="text files, folders of .txt files, or builtin:shakespeare")
+    parser.add_argument("--output_dir", required=True, help="folder for data-*.h5 and data_params.json")
+    parser.add_argument("--max_sequence_length", type=int, required=True)
+    parser.add_argument("--vocab_file", default=None,
+                        help="BPE from a local file: a tokenizers JSON, or a GPT-2 vocab.json with --merges_file "
+                             "(default: UTF-8 bytes, vocab 256)")
+    parser.add_argument("--merges_file", default=None)
+    parser.add_argument("--samples_per_file", type=int, default=2000)
+    parser.set_defaults(handler=_preprocess)
+
+
+LOCAL_COMMANDS: dict[str, Callable[[Any], None]] = {"run": _add_run, "finalize": _add_finalize,
+                                                    "preprocess": _add_preprocess}
 
 
 def _load_spec(args: argparse.Namespace) -> JobSpec:
-    spec = JobSpec.from_yaml(Path(args.params).read_text(encoding="utf-8"))
+    path = Path(args.params)
+    if not path.is_file():
+        raise ValueError(f"--params {args.params!r} is not a file")
+    spec = JobSpec.from_yaml(path.read_text(encoding="utf-8"), args.overrides)
     runconfig = {}
     if args.num_csx is not None:
         runconfig["num_csx"] = args.num_csx
@@ -94,6 +122,10 @@ def _load_spec(args: argparse.Namespace) -> JobSpec:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.python_paths:  # before the spec is planned: its sparsity may name a class in them
+        from sparsity.plugins import import_python_paths
+
+        import_python_paths(args.python_paths)
     spec = _load_spec(args)
     num_csx = spec.runconfig.num_csx
     if args.validate_only:
@@ -101,6 +133,11 @@ def _run(args: argparse.Namespace) -> int:
 
         print(plan_table(validate_plan(spec, num_csx), debug=args.logging == "DEBUG"))
         return 0
+    from workers.plan import check_fits, validate_plan
+
+    check_fits(validate_plan(spec, num_csx), spec)  # data and memory, before any worker starts
+    for key in spec.not_applied():
+        logging.getLogger("csx").info("not applied here (hardware-only key): %s", key)
     model_dir = args.model_dir or spec.runconfig.model_dir or str(Path("runs") / Path(args.params).stem)
     progress = ProgressPrinter()
     if num_csx > 1:
@@ -135,6 +172,16 @@ def _train_locally(spec: JobSpec, mode: str, model_dir: str, progress: ProgressP
         tracker.finish()
         summary["mlflow_run_id"] = tracker.run_id
     return summary
+
+
+def _preprocess(args: argparse.Namespace) -> int:
+    from workers.preprocess import preprocess
+
+    summary = preprocess(args.input, args.output_dir, max_sequence_length=args.max_sequence_length,
+                         vocab_file=args.vocab_file, merges_file=args.merges_file,
+                         samples_per_file=args.samples_per_file)
+    print(json.dumps(summary, indent=2))
+    return 0
 
 
 def _finalize(args: argparse.Namespace) -> int:

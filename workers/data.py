@@ -170,6 +170,24 @@ class BPETokenizer:
         tok.train_from_iterator(texts, trainer=trainer)
         return cls(tok)
 
+    @classmethod
+    def from_files(cls, vocab_file: str, merges_file: str | None) -> BPETokenizer:
+        """A tokenizers JSON file, or a GPT-2 style ``vocab.json`` + ``merges.txt`` pair."""
+        tokenizers = _import_tokenizers()
+        for path in (vocab_file, merges_file):
+            if path is not None and not Path(path).expanduser().is_file():
+                raise ValueError(f"model.tokenizer: vocabulary file {path!r} does not exist")
+        try:
+            if merges_file is None:
+                return cls(tokenizers.Tokenizer.from_file(str(Path(vocab_file).expanduser())))
+            tok = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(
+                str(Path(vocab_file).expanduser()), str(Path(merges_file).expanduser())))
+        except Exception as err:  # tokenizers raises its own exception types on bad files
+            raise ValueError(f"model.tokenizer: cannot read {vocab_file!r}: {err}") from None
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = tokenizers.decoders.ByteLevel()
+        return cls(tok)
+
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text).ids
 
@@ -189,10 +207,14 @@ def _import_tokenizers() -> Any:
     return tokenizers
 
 
-def make_tokenizer(kind: str, vocab_size: int | None, train_texts: list[str]) -> Tokenizer:
-    """A fresh tokenizer for a new run (kind: 'byte' or 'bpe')."""
+def make_tokenizer(kind: str, vocab_size: int | None, train_texts: list[str],
+                   vocab_file: str | None = None, merges_file: str | None = None) -> Tokenizer:
+    """A fresh tokenizer for a new run (kind: 'byte' or 'bpe'; a BPE is read from
+    ``vocab_file`` when given, else trained on ``train_texts``)."""
     if kind == "byte":
         return ByteTokenizer()
+    if kind == "bpe" and vocab_file:
+        return BPETokenizer.from_files(vocab_file, merges_file)
     if kind == "bpe":
         return BPETokenizer.train(train_texts, vocab_size or 2048)
     raise ValueError(f"model.tokenizer must be 'byte' or 'bpe', got {kind!r}")

@@ -1,28 +1,32 @@
 """``csx run --validate_only``: what a job would train, without training it.
 
-``validate_plan`` builds the model on CPU (the presets are small), applies
-``sparsity.configure(spec.sparsity)`` and reports, per sparsity group, the parameters it
-matched; per layer the sparsity and non-zeros; dense and sparse FLOPs per token; and the
-projected CS-2 step time on ``num_csx`` systems from the simulator's cost model.
+``validate_plan`` builds the model on the meta device (shapes only, so a 7B model validates in
+seconds without allocating its weights), applies ``sparsity.configure(spec.sparsity)`` and
+reports: the hardware-only keys not applied here; per sparsity group the parameters it matched;
+per layer the shape, target sparsity at step 0 and non-zeros; dense and sparse FLOPs per token;
+the projected CS-2 step time, speed-up vs dense and scaling efficiency on ``num_csx`` systems
+(``simulator.cost_model``); and the memory training would take on this machine, which
+``check_fits`` turns into a refusal before any worker starts.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from typing import Any
 
-from workers.job import build_sparse_model, model_config, optimizer_class
+from torch import nn
+
+from workers.job import build_sparse_model, check_data, model_config, optimizer_class, planned_shapes
 from workers.model import ModelConfig
-from workers.perf import project, projection_metrics
 from workers.spec import JobSpec
 
-BYTE_VOCAB = 256
-DEFAULT_BPE_VOCAB = 2048
+FLOAT_BYTES = 4
 
 
 def _attention_flops_per_token(config: ModelConfig, seq_len: int) -> int:
     """QKᵀ and AV, forward, counting the full (unmasked) T×T score matrix, as in Kaplan et al."""
-    return 2 * 2 * config.n_layer * seq_len * config.d_model
+    return 2 * 2 * config.num_hidden_layers * seq_len * config.hidden_size
 
 
 def _groups(alg: Any) -> list[dict[str, Any]]:
@@ -38,53 +42,125 @@ def _groups(alg: Any) -> list[dict[str, Any]]:
     return groups
 
 
+def _targets(alg: Any) -> dict[str, float]:
+    """Each sparse parameter's scheduled sparsity at the algorithm's current step."""
+    targets: dict[str, float] = {}
+    for member in getattr(alg, "members", [alg]):
+        targets.update(member.layer_targets(member.step))
+    return targets
+
+
+def _projection(model: nn.Module, densities: dict[str, float], seq_len: int, tokens: int,
+                num_csx: int) -> dict[str, float]:
+    """The cost model's step for the model's linear layers at the planned densities (the
+    masks of a meta model hold no values to read)."""
+    from simulator.cost_model import LayerShape, WaferScaleCluster, project_step
+
+    layers = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            layers.append(LayerShape(f"{name}.weight", module.out_features, module.in_features,
+                                     density=densities.get(f"{name}.weight", 1.0)))
+        elif "attention" in type(module).__name__.lower():
+            width = module.proj_q_dense_layer.in_features
+            layers.append(LayerShape(f"{name}.scores", 2 * seq_len, width, streams_weights=False))
+    step = project_step(layers, tokens, WaferScaleCluster(num_csx=num_csx))
+    return {"sim_step_ms": step.step_ms, "dense_step_ms": step.dense_step_ms,
+            "speedup_vs_dense": step.speedup_vs_dense, "scaling_efficiency": step.scaling_efficiency}
+
+
+def training_memory(spec: JobSpec, config: ModelConfig, parameters: int, sparse_weights: int,
+                    seq_len: int, num_csx: int) -> dict[str, int]:
+    """Bytes one worker needs to train (fp32): weights, gradients, optimizer state, masks and
+    the activations kept for backward of its batch slice (per layer and token: ~10 hidden-size
+    vectors, the FFN's hidden units, the attention scores; plus logits and their gradient)."""
+    c = config.widened()
+    name = optimizer_class(spec.optimizer.optimizer_type).__name__.lower()
+    state_floats = 2 if "adam" in name else 1 if spec.optimizer.momentum else 0
+    batch = spec.train_input.batch_size // num_csx
+    per_token_layer = 10 * c.hidden_size + (3 if c.is_glu else 2) * c.filter_size + c.num_heads * seq_len
+    activations = batch * seq_len * (c.num_hidden_layers * per_token_layer + 2 * c.vocab_size)
+    return {"weights": parameters * FLOAT_BYTES, "gradients": parameters * FLOAT_BYTES,
+            "optimizer_state": state_floats * parameters * FLOAT_BYTES, "masks": sparse_weights,
+            "activations": activations * FLOAT_BYTES}
+
+
+def available_memory() -> int:
+    """MemAvailable of this machine (where the simulated systems' workers run), in bytes."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def validate_plan(spec: JobSpec, num_csx: int) -> dict[str, Any]:
     """The plan as plain data; ValueError names the problem (batch not divisible by num_csx,
     a sparsity group matching no parameter, a bad sparsity config, an unknown optimizer)."""
     batch = spec.train_input.batch_size
     if num_csx < 1 or batch % num_csx:
         raise ValueError(f"train_input.batch_size ({batch}) must be divisible by num_csx ({num_csx})")
-    optimizer_class(spec.optimizer.type)
-    tokenizer = spec.model.tokenizer
-    vocab = BYTE_VOCAB if tokenizer.type == "byte" else tokenizer.vocab_size or DEFAULT_BPE_VOCAB
-    config = model_config(spec, vocab)
-    model, alg = build_sparse_model(spec, config)
+    vocab, seq_len = planned_shapes(spec)
+    config = model_config(spec, vocab, seq_len)
+    model, alg = build_sparse_model(spec, config, device="meta")
     built = model.built
-    seq_len = spec.train_input.seq_len
-
-    masks = {name: mask for name, _, mask in alg.sparse_parameters()} if alg is not None else {}
+    targets = _targets(alg) if alg is not None else {}
     layers, dense_linear, sparse_linear = [], 0, 0
-    for name, param in model.named_parameters():
-        if param.dim() != 2 or name == "embedding.weight":
-            continue  # a lookup, not a matmul (a tied lm_head shares this tensor)
-        nnz = int(masks[name].sum()) if name in masks else param.numel()
-        dense_linear += param.numel()
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue  # embeddings are lookups, not matmuls (a tied lm_head is a Linear here)
+        weight, label = module.weight, f"{name}.weight"
+        nnz = weight.numel() - round(targets.get(label, 0.0) * weight.numel())
+        dense_linear += weight.numel()
         sparse_linear += nnz
-        layers.append({"name": name, "shape": list(param.shape), "sparse": name in masks,
-                       "sparsity": 1.0 - nnz / param.numel(), "nnz": nnz, "numel": param.numel()})
-    if built.tie_embeddings:  # the tied head is a matmul too
-        head = model.lm_head.weight
-        dense_linear += head.numel()
-        sparse_linear += head.numel()
-        layers.append({"name": "lm_head.weight (tied)", "shape": list(head.shape), "sparse": False,
-                       "sparsity": 0.0, "nnz": head.numel(), "numel": head.numel()})
+        layers.append({"name": label + (" (tied)" if name == "lm_head" and built.share_embedding_weights else ""),
+                       "shape": list(weight.shape), "sparse": label in targets,
+                       "sparsity": 1.0 - nnz / weight.numel(), "nnz": nnz, "numel": weight.numel()})
     attention = _attention_flops_per_token(built, seq_len)
     dense_forward, sparse_forward = 2 * dense_linear + attention, 2 * sparse_linear + attention
     tokens = batch * seq_len
-    projection = project(model, seq_len=seq_len, global_tokens=tokens, num_csx=num_csx)
+    densities = {name: 1.0 - level for name, level in targets.items()}
+    parameters = model.num_parameters()
+    memory = training_memory(spec, config, parameters, sum(layer["numel"] for layer in layers
+                                                           if layer["sparse"]), seq_len, num_csx)
     return {
         "num_csx": num_csx, "global_batch": batch, "batch_per_csx": batch // num_csx,
         "seq_len": seq_len, "tokens_per_step": tokens,
-        "model": {**asdict(built), "parameters": model.num_parameters(),
+        "not_applied": spec.not_applied(),
+        "model": {**asdict(built), "parameters": parameters,
                   "sparse_wide_sparsity": config.sparse_wide_sparsity},
         "algorithm": repr(alg) if alg is not None else None,
         "groups": _groups(alg) if alg is not None else [],
         "layers": layers,
-        "dense_parameters": [name for name, _ in model.named_parameters() if name not in masks],
+        "dense_parameters": [name for name, _ in model.named_parameters() if name not in targets],
         "flops_per_token": {"dense_forward": dense_forward, "sparse_forward": sparse_forward,
                             "dense_train": 3 * dense_forward, "sparse_train": 3 * sparse_forward},
-        "projection": {k.removeprefix("perf/"): v for k, v in projection_metrics(projection).items()},
+        "projection": _projection(model, densities, seq_len, tokens, num_csx),
+        "memory": {"per_worker": memory, "per_worker_total": sum(memory.values()),
+                   "workers": num_csx, "total": num_csx * sum(memory.values()),
+                   "available": available_memory()},
     }
+
+
+def check_fits(plan: dict[str, Any], spec: JobSpec) -> None:
+    """Refuse, before any worker starts, a job whose data is missing or malformed, or whose
+    workers (all on this machine) would not fit in its available memory."""
+    memory = plan["memory"]
+    if memory["total"] > memory["available"]:
+        parts = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in memory["per_worker"].items())
+        raise ValueError(
+            f"this job does not fit: {memory['workers']} worker(s) x {memory['per_worker_total'] / 2**30:.1f} GiB "
+            f"({parts} GiB each; {plan['model']['parameters']:,} parameters) = {memory['total'] / 2**30:.1f} GiB, "
+            f"but this machine has {memory['available'] / 2**30:.1f} GiB available. Validate it "
+            "(--validate_only) or train a scaled-down proxy (--set model.num_hidden_layers=2 ...)")
+    check_data(spec)
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB"
 
 
 def plan_table(plan: dict[str, Any], *, debug: bool = False) -> str:
@@ -92,13 +168,17 @@ def plan_table(plan: dict[str, Any], *, debug: bool = False) -> str:
     every parameter left dense."""
     model = plan["model"]
     lines = [
-        f"model: {model['n_layer']} layers, d_model {model['d_model']}, d_ff {model['d_ff']}, "
-        f"{model['n_head']} heads, vocab {model['vocab_size']}, {model['parameters']:,} parameters"
+        f"model: {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, filter "
+        f"{model['filter_size']}, {model['num_heads']} heads, vocab {model['vocab_size']}, "
+        f"{model['position_embedding_type']} positions, {model['norm_type']}, {model['nonlinearity']}, "
+        f"{model['parameters']:,} parameters"
         + (f" (Sparse-Wide s={model['sparse_wide_sparsity']})" if model["sparse_wide_sparsity"] else ""),
         f"batch: {plan['global_batch']} global = {plan['num_csx']} CS-2 x {plan['batch_per_csx']}, "
         f"seq_len {plan['seq_len']}, {plan['tokens_per_step']:,} tokens/step",
         f"sparsity: {plan['algorithm'] or 'none (dense)'}",
     ]
+    if plan["not_applied"]:
+        lines.insert(0, f"not applied here (hardware-only keys): {', '.join(plan['not_applied'])}")
     for group in plan["groups"]:
         lines.append(f"  group {group['group']} {group['algorithm']}: {len(group['parameters'])} parameters")
         if debug:
@@ -106,15 +186,20 @@ def plan_table(plan: dict[str, Any], *, debug: bool = False) -> str:
     if debug:
         lines.extend(f"  dense   {name}" for name in plan["dense_parameters"])
     width = max(len(layer["name"]) for layer in plan["layers"])
-    lines.append(f"{'layer':<{width}}  {'shape':>12}  {'sparsity':>8}  {'nnz':>10}")
+    lines.append(f"{'layer':<{width}}  {'shape':>12}  {'sparsity':>8}  {'nnz':>13}")
     for layer in plan["layers"]:
         shape = "x".join(map(str, layer["shape"]))
-        lines.append(f"{layer['name']:<{width}}  {shape:>12}  {layer['sparsity']:>8.3f}  {layer['nnz']:>10,}")
-    flops, proj = plan["flops_per_token"], plan["projection"]
+        lines.append(f"{layer['name']:<{width}}  {shape:>12}  {layer['sparsity']:>8.3f}  {layer['nnz']:>13,}")
+    flops, proj, memory = plan["flops_per_token"], plan["projection"], plan["memory"]
     lines += [
+        f"sparsified weights: {sum(layer['sparse'] for layer in plan['layers'])} of {len(plan['layers'])} matmuls",
         f"FLOPs/token (train): dense {flops['dense_train']:,}  sparse {flops['sparse_train']:,}  "
         f"({flops['dense_train'] / flops['sparse_train']:.2f}x fewer)",
-        f"projected CS-2 step: {proj['sim_step_ms']:.3f} ms on {plan['num_csx']} system(s), "
-        f"speedup vs dense {proj['speedup_vs_dense']:.2f}x, scaling efficiency {proj['scaling_efficiency']:.2f}",
+        f"projected CS-2 step: {proj['sim_step_ms']:.3f} ms on {plan['num_csx']} system(s) "
+        f"(dense {proj['dense_step_ms']:.3f} ms), speedup vs dense {proj['speedup_vs_dense']:.2f}x, "
+        f"scaling efficiency {proj['scaling_efficiency']:.2f}",
+        f"training memory here: {memory['workers']} worker(s) x {_gib(memory['per_worker_total'])} = "
+        f"{_gib(memory['total'])} of {_gib(memory['available'])} available"
+        + ("" if memory["total"] <= memory["available"] else " -- too large to train here"),
     ]
     return "\n".join(lines)

@@ -1,62 +1,160 @@
-"""The job spec: one typed ``JobSpec`` for the CLI and the REST API (ModelZoo legacy layout).
+"""The job spec: Cerebras ModelZoo's params schema (GPT-2/3 and Llama), one typed ``JobSpec``
+for the CLI and the REST API.
 
-Imports only pydantic and yaml, so the service can validate jobs without loading torch. Extra
-keys are forbidden everywhere except inside ``sparsity``, which is free-form here (float, dict
-or list) and validated in depth by ``sparsity.configure``; this module only checks that every
-sparsity level in it lies in [0, 1). Checks that need the cluster size (global batch divisible by
-``num_csx``) happen at run time, because ``csx run --num_csx`` may override the spec.
+A ModelZoo params file runs unchanged: sections ``train_input``, ``eval_input``, ``model``,
+``optimizer``, ``sparsity`` and ``runconfig`` with ModelZoo's key names. Keys that only mean
+something on real Cerebras hardware (``mixed_precision``, ``num_workers``, ``use_cs_grad_accum``,
+...) are accepted, kept in the spec, and listed by ``JobSpec.not_applied()``. Any other unknown
+key is an error naming it, with the closest known key suggested. Our own additions, all
+optional: ``model.preset`` (tiny / mini / small: a small Llama filling the size keys the file
+does not give), ``model.tokenizer`` and ``model.sparse_wide_sparsity``, ``data_dir:
+builtin:shakespeare``, and runconfig's ``num_csx`` cap, ``max_failures``, ``mlflow_experiment``
+and ``sparse_kernel``.
 
-    train_input: {data_dir: builtin:shakespeare, batch_size: 16, seq_len: 64, shuffle: true}
-    eval_input:  {batch_size: 16, seq_len: 64}           # data_dir defaults to train's
-    model:       {preset: tiny, tokenizer: byte}
-    optimizer:   {type: AdamW, learning_rate: {type: warmup_cosine, peak: 3.0e-3, ...}}
-    sparsity:    {algorithm: rigl, sparsity: 0.8, update: {freq: 20, stop: 150}}
-    runconfig:   {max_steps: 200, eval_frequency: 50, checkpoint_steps: 100, seed: 0}
+The ``sparsity`` section is passed unchanged to ``sparsity.configure`` (both the 2.x and the
+1.8/2.1 layouts); here only its sparsity levels are range-checked. Imports only pydantic and
+yaml, so the service validates jobs without loading torch.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
+from workers.schedulers import LearningRate, check_sequence
+
 PresetName = Literal["tiny", "mini", "small"]
+HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
 # Keys inside a sparsity config whose numeric values are sparsity levels.
 SPARSITY_LEVEL_KEYS = ("sparsity", "init_sparsity", "end_sparsity", "value", "init", "final",
                        "minimum")
 
 
+def unknown_key_message(key: str, known: set[str], where: str) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{where}.{key} is not a key of {where} (ModelZoo GPT-2/3 / Llama schema){hint}"
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+    """A params section: its fields, plus the hardware-only keys it accepts without applying
+    (kept as pydantic extras, so the stored spec is the user's file)."""
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, validate_assignment=True)
+    SECTION: ClassVar[str] = ""
+    NOT_APPLIED: ClassVar[frozenset[str]] = frozenset()
+    ALIASES: ClassVar[dict[str, str]] = {}  # another ModelZoo spelling -> field
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for alias, name in cls.ALIASES.items():
+            if alias in data:
+                if name in data:
+                    raise ValueError(f"{cls.SECTION}: give {name} or {alias}, not both")
+                data[name] = data.pop(alias)
+        known = set(cls.model_fields) | cls.NOT_APPLIED
+        for key in data:
+            if key not in known:
+                raise ValueError(unknown_key_message(str(key), known | set(cls.ALIASES), cls.SECTION))
+        return data
+
+    def not_applied(self) -> list[str]:
+        return [f"{self.SECTION}.{key}" for key in (self.model_extra or {})]
 
 
 class InputSpec(_Section):
-    data_dir: str | None = None  # eval_input: None means "the train_input data_dir"
+    SECTION = "eval_input"
+    NOT_APPLIED = frozenset({
+        "num_workers", "prefetch_factor", "persistent_workers", "micro_batch_size", "use_worker_cache",
+        "shuffle_buffer", "repeat", "drop_last", "mixed_precision", "use_vsl", "pad_last",
+        "vocab_size", "num_samples"})
+    data_processor: str | None = None  # None: HDF5 when data_dir holds .h5 files, else text
+    data_dir: str | list[str] | None = None  # eval_input: None means "the train_input data_dir"
     batch_size: PositiveInt = 16  # GLOBAL batch, split evenly over num_csx
-    seq_len: PositiveInt = 64
-    shuffle: bool = True
+    max_sequence_length: PositiveInt | None = None  # None: the HDF5 data's, else the model's
+    shuffle: bool = False
+    shuffle_seed: int | None = None  # None: runconfig.seed
+
+    @field_validator("data_processor")
+    @classmethod
+    def _known_processor(cls, value: str | None) -> str | None:
+        choices = (*HDF5_PROCESSORS, "TextDataProcessor")
+        if value is not None and value not in choices:
+            raise ValueError(f"data_processor {value!r} is not supported here; choose one of {list(choices)}")
+        return value
+
+    @field_validator("data_dir")
+    @classmethod
+    def _non_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and not value:
+            raise ValueError("data_dir is an empty list")
+        return value
+
+    def data_dirs(self) -> list[str]:
+        return [] if self.data_dir is None else [self.data_dir] if isinstance(self.data_dir, str) else list(self.data_dir)
 
 
 class TrainInputSpec(InputSpec):
-    data_dir: str = "builtin:shakespeare"
+    SECTION = "train_input"
+    data_dir: str | list[str] = "builtin:shakespeare"
+    shuffle: bool = True
 
 
 class TokenizerSpec(_Section):
+    """For text data (HDF5 data is already tokenized): bytes, a BPE trained on the train split
+    (``vocab_size``), or a BPE read from a local file (``vocab_file``: a tokenizers JSON, or a
+    GPT-2 ``vocab.json`` with ``merges_file``)."""
+    SECTION = "model.tokenizer"
     type: Literal["byte", "bpe"] = "byte"
-    vocab_size: PositiveInt | None = None  # bpe only
+    vocab_size: PositiveInt | None = None
+    vocab_file: str | None = None
+    merges_file: str | None = None
+
+
+Initializer = dict[str, Any]
 
 
 class ModelSpec(_Section):
-    preset: PresetName | None = "tiny"
-    # Sizes override the preset's (or set everything when preset is null).
-    n_layer: PositiveInt | None = None
-    n_head: PositiveInt | None = None
-    d_model: PositiveInt | None = None
-    d_ff: PositiveInt | None = None
-    max_seq_len: PositiveInt | None = None
-    tie_embeddings: bool | None = None
+    """ModelZoo's GPT2LMHeadModel keys (GPT-3 and Llama use the same model). Unset keys take
+    the preset's value, else ModelZoo's default (``MODELZOO_DEFAULTS``)."""
+    SECTION = "model"
+    NOT_APPLIED = frozenset({
+        "mixed_precision", "fp16_type", "use_bfloat16", "precision_opt_level", "loss_scaling",
+        "loss_weight", "attention_softmax_fp32", "fold_rope_consts", "attention_kernel",
+        "boundary_casting", "tf_summary", "name", "dtype", "label_smoothing", "z_loss_eps"})
+    preset: PresetName | None = None
+    vocab_size: PositiveInt | None = None
+    hidden_size: PositiveInt | None = None
+    num_hidden_layers: PositiveInt | None = None
+    num_heads: PositiveInt | None = None
+    filter_size: PositiveInt | None = None
+    max_position_embeddings: PositiveInt | None = None
+    position_embedding_type: Literal["learned", "rotary"] | None = None
+    rotary_dim: PositiveInt | None = None
+    rope_theta: float | None = Field(None, gt=0.0)
+    share_embedding_weights: bool | None = None
+    nonlinearity: Literal["gelu", "gelu_new", "relu", "silu", "swish", "swiglu", "geglu", "reglu"] | None = None
+    norm_type: Literal["layernorm", "rmsnorm"] | None = None
+    layer_norm_epsilon: float | None = Field(None, gt=0.0)
+    attention_type: Literal["scaled_dot_product", "dot_product"] | None = None
+    use_projection_bias_in_attention: bool | None = None
+    use_ffn_bias_in_attention: bool | None = None
+    use_ffn_bias: bool | None = None
+    use_bias_in_output: bool | None = None
+    dropout_rate: float | None = Field(None, ge=0.0, lt=1.0)
+    attention_dropout_rate: float | None = Field(None, ge=0.0, lt=1.0)
+    embedding_dropout_rate: float | None = Field(None, ge=0.0, lt=1.0)
+    initializer_range: float | None = Field(None, gt=0.0)
+    embedding_initializer: Initializer | None = None
+    initializer: Initializer | None = None
+    output_layer_initializer: Initializer | None = None
     sparse_wide_sparsity: float = Field(0.0, ge=0.0, lt=1.0)
     tokenizer: TokenizerSpec = TokenizerSpec()
 
@@ -65,52 +163,82 @@ class ModelSpec(_Section):
     def _tokenizer_shorthand(cls, value: Any) -> Any:
         return {"type": value} if isinstance(value, str) else value
 
-    @model_validator(mode="after")
-    def _sizes_without_preset(self) -> ModelSpec:
-        if self.preset is None:
-            missing = [n for n in ("n_layer", "n_head", "d_model", "d_ff") if getattr(self, n) is None]
-            if missing:
-                raise ValueError(f"model.preset is null, so model needs {', '.join(missing)}")
-        return self
+    @field_validator("embedding_initializer", "initializer", "output_layer_initializer")
+    @classmethod
+    def _initializer_named(cls, value: Initializer | None) -> Initializer | None:
+        if value is not None and value.get("name") not in INITIALIZERS:
+            raise ValueError(f"initializer name {value.get('name')!r} is not one of {list(INITIALIZERS)}")
+        return value
 
-    def size_overrides(self) -> dict[str, Any]:
-        names = ("n_layer", "n_head", "d_model", "d_ff", "max_seq_len", "tie_embeddings")
-        overrides = {n: getattr(self, n) for n in names if getattr(self, n) is not None}
-        if self.sparse_wide_sparsity:
-            overrides["sparse_wide_sparsity"] = self.sparse_wide_sparsity
-        return overrides
+    def resolved(self) -> dict[str, Any]:
+        """Every architecture key with its value: the file's, else the preset's, else ModelZoo's."""
+        values = dict(MODELZOO_DEFAULTS)
+        if self.preset:
+            values.update(PRESETS[self.preset])
+        values.update({k: getattr(self, k) for k in MODELZOO_DEFAULTS if getattr(self, k) is not None})
+        values["sparse_wide_sparsity"] = self.sparse_wide_sparsity
+        return values
 
 
-class WarmupCosineSpec(_Section):
-    """Linear warmup from 0 to ``peak`` over ``warmup_steps``, then cosine down to ``minimum``
-    at ``decay_steps`` (default: runconfig.max_steps), constant afterwards."""
-    type: Literal["warmup_cosine"] = "warmup_cosine"
-    peak: float = Field(gt=0.0)
-    warmup_steps: NonNegativeInt = 0
-    minimum: float = Field(0.0, ge=0.0)
-    decay_steps: PositiveInt | None = None
-
-    @model_validator(mode="after")
-    def _minimum_below_peak(self) -> WarmupCosineSpec:
-        if self.minimum > self.peak:
-            raise ValueError(f"learning_rate.minimum ({self.minimum}) exceeds peak ({self.peak})")
-        return self
+# torch.nn.init names a ModelZoo initializer may use, with the keys each takes besides "name".
+INITIALIZERS = {"normal": ("mean", "std"), "truncated_normal": ("mean", "std", "a", "b"),
+                "uniform": ("a", "b"), "xavier_uniform": ("gain",), "xavier_normal": ("gain",),
+                "zeros": (), "ones": ()}
+# GPT2LMHeadModelConfig's defaults (ModelZoo 2.x).
+MODELZOO_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 50257, "hidden_size": 768, "num_hidden_layers": 12, "num_heads": 12,
+    "filter_size": 3072, "max_position_embeddings": 1024, "position_embedding_type": "learned",
+    "rotary_dim": None, "rope_theta": 10000.0, "share_embedding_weights": True,
+    "nonlinearity": "gelu", "norm_type": "layernorm", "layer_norm_epsilon": 1e-5,
+    "attention_type": "scaled_dot_product", "use_projection_bias_in_attention": True,
+    "use_ffn_bias_in_attention": True, "use_ffn_bias": True, "use_bias_in_output": False,
+    "dropout_rate": 0.1, "attention_dropout_rate": 0.1, "embedding_dropout_rate": None,
+    "initializer_range": 0.02, "embedding_initializer": None, "initializer": None,
+    "output_layer_initializer": None,
+}
+_SMALL_LLAMA = {"position_embedding_type": "rotary", "norm_type": "rmsnorm", "nonlinearity": "swiglu",
+                "use_projection_bias_in_attention": False, "use_ffn_bias_in_attention": False,
+                "use_ffn_bias": False, "share_embedding_weights": True, "dropout_rate": 0.0,
+                "attention_dropout_rate": 0.0, "vocab_size": 256}
+# filter_size ≈ 8/3 · hidden_size rounded to a multiple of 32, as in Llama.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {**_SMALL_LLAMA, "num_hidden_layers": 2, "num_heads": 4, "hidden_size": 64,
+             "filter_size": 160, "max_position_embeddings": 128},
+    "mini": {**_SMALL_LLAMA, "num_hidden_layers": 4, "num_heads": 4, "hidden_size": 128,
+             "filter_size": 352, "max_position_embeddings": 256},
+    "small": {**_SMALL_LLAMA, "num_hidden_layers": 8, "num_heads": 8, "hidden_size": 256,
+              "filter_size": 672, "max_position_embeddings": 256},
+}
 
 
 class OptimizerSpec(_Section):
-    type: str = "AdamW"  # any torch.optim class name, checked when the optimizer is built
-    learning_rate: float | WarmupCosineSpec = 1e-3
+    SECTION = "optimizer"
+    NOT_APPLIED = frozenset({"log_summaries", "loss_scaling_factor", "initial_loss_scale",
+                             "steps_per_increase", "min_loss_scale", "max_loss_scale"})
+    ALIASES = {"weight_decay_rate": "weight_decay"}
+    optimizer_type: str = "AdamW"  # a torch.optim class name (any case), checked when built
+    learning_rate: LearningRate = 1e-3
     weight_decay: float = Field(0.0, ge=0.0)
     max_gradient_norm: float | None = Field(None, gt=0.0)
     betas: tuple[float, float] | None = None
     eps: float | None = Field(None, gt=0.0)
     momentum: float | None = Field(None, ge=0.0)
+    correct_bias: bool = True
 
     @field_validator("learning_rate")
     @classmethod
-    def _positive_rate(cls, value: float | WarmupCosineSpec) -> float | WarmupCosineSpec:
+    def _valid_rate(cls, value: LearningRate) -> LearningRate:
         if isinstance(value, float) and value <= 0:
             raise ValueError(f"learning_rate must be > 0, got {value}")
+        if isinstance(value, list):
+            check_sequence(value)
+        return value
+
+    @field_validator("correct_bias")
+    @classmethod
+    def _bias_corrected(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("correct_bias: false is not supported (torch's Adam/AdamW always correct bias)")
         return value
 
     def extra_kwargs(self) -> dict[str, Any]:
@@ -119,10 +247,23 @@ class OptimizerSpec(_Section):
 
 
 class RunConfigSpec(_Section):
+    SECTION = "runconfig"
+    NOT_APPLIED = frozenset({
+        "enable_distributed", "save_initial_checkpoint", "precision_opt_level", "use_cs_grad_accum",
+        "use_appliance_data", "compile_only", "validate_only", "mode", "num_workers_per_csx",
+        "num_wgt_servers", "num_act_servers", "credentials_path", "mount_dirs", "python_paths",
+        "job_labels", "target_device", "autoload_last_checkpoint", "disable_version_check",
+        "dist_backend", "init_method", "sync_batchnorm", "log_summaries", "mgmt_address",
+        "job_time_sec", "transfer_processes", "experimental", "dump_activations",
+        "log_input_summaries", "check_loss_values", "lora", "op_profiler_config",
+        "execute_crd_memory_gi", "compile_crd_memory_gi", "wrk_memory_gi", "act_memory_gi",
+        "cmd_memory_gi", "wgt_memory_gi", "num_steps", "num_epochs", "steps_per_epoch",
+        "keep_last_n_checkpoints", "keep_checkpoint_max", "save_summary_steps"})
+    ALIASES = {"save_checkpoint_steps": "checkpoint_steps"}
     max_steps: PositiveInt = 100
     eval_steps: PositiveInt = 10  # batches per evaluation
-    eval_frequency: NonNegativeInt = 0  # 0: evaluate only at the end (train_and_eval)
-    checkpoint_steps: NonNegativeInt = 0  # 0: checkpoint only at the end
+    eval_frequency: NonNegativeInt | None = 0  # 0 / null: evaluate only at the end (train_and_eval)
+    checkpoint_steps: NonNegativeInt | None = 0  # 0 / null: checkpoint only at the end
     log_steps: PositiveInt = 10
     seed: int = 0
     num_csx: PositiveInt = Field(1, le=192)  # a CS-2 cluster has at most 192 systems
@@ -161,13 +302,24 @@ def _check_level(level: float, where: str) -> None:
         raise ValueError(f"{where} must be a sparsity level in [0, 1), got {level}")
 
 
-class JobSpec(_Section):
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+
     train_input: TrainInputSpec = TrainInputSpec()
     eval_input: InputSpec = InputSpec()
     model: ModelSpec = ModelSpec()
     optimizer: OptimizerSpec = OptimizerSpec()
     sparsity: float | dict[str, Any] | list[Any] | None = None
     runconfig: RunConfigSpec = RunConfigSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_sections(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                if key not in cls.model_fields:
+                    raise ValueError(unknown_key_message(str(key), set(cls.model_fields), "params"))
+        return data
 
     @field_validator("sparsity")
     @classmethod
@@ -179,8 +331,9 @@ class JobSpec(_Section):
         return value
 
     @classmethod
-    def from_yaml(cls, text: str) -> JobSpec:
-        """Parse params YAML; a YAML or field error raises ValueError naming the problem."""
+    def from_yaml(cls, text: str, overrides: list[str] | None = None) -> JobSpec:
+        """Parse params YAML, then apply ``section.key=value`` overrides; a YAML or field error
+        raises ValueError naming the problem."""
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
@@ -189,10 +342,49 @@ class JobSpec(_Section):
             data = {}
         if not isinstance(data, dict):
             raise ValueError(f"params YAML must be a mapping of sections, got {type(data).__name__}")
-        return cls.model_validate(data)
+        return cls.model_validate(with_overrides(data, overrides or []))
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
 
-    def eval_data_dir(self) -> str:
-        return self.eval_input.data_dir or self.train_input.data_dir
+    def eval_data_dirs(self) -> list[str]:
+        return self.eval_input.data_dirs() or self.train_input.data_dirs()
+
+    def not_applied(self) -> list[str]:
+        """The hardware-only keys of this file: accepted, but they change nothing here."""
+        sections = (self.train_input, self.eval_input, self.model, self.optimizer, self.runconfig)
+        return [key for section in sections for key in section.not_applied()]
+
+
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "train_input": TrainInputSpec, "eval_input": InputSpec, "model": ModelSpec,
+    "optimizer": OptimizerSpec, "runconfig": RunConfigSpec}
+
+
+def _keeps_text(section: str, key: str) -> bool:
+    """Whether the schema types ``section.key`` as a plain string (so '2024' stays a string)."""
+    cls = _SECTIONS.get(section)
+    field = cls.model_fields.get(key) if cls else None
+    return field is not None and field.annotation in (str, str | None)
+
+
+def with_overrides(params: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``params`` with each ``a.b.c=value`` applied; the value is YAML (``2``, ``1.0e-3``,
+    ``[a, b]``, ``null``) unless the schema types the key as a string."""
+    result = yaml.safe_load(yaml.safe_dump(params))  # a deep copy of plain data
+    for override in overrides:
+        path, sep, raw = override.partition("=")
+        keys = path.strip().split(".")
+        if not sep or not all(keys):
+            raise ValueError(f"override {override!r} must look like section.key=value")
+        value: Any = raw if len(keys) == 2 and _keeps_text(*keys) else yaml.safe_load(raw)
+        node = result
+        for key in keys[:-1]:
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            if not isinstance(child, dict):
+                raise ValueError(f"override {override!r}: {key} is not a section")
+            node = child
+        node[keys[-1]] = value
+    return result

@@ -32,7 +32,7 @@ summary = run_job(spec, num_csx=2, model_dir=sys.argv[1], tracking=False)
 print("SUMMARY " + json.dumps({k: summary[k] for k in ("steps", "mask_hashes", "num_csx")}))
 """
 SPEC = """
-train_input: {batch_size: 4, seq_len: 16}
+train_input: {batch_size: 4, max_sequence_length: 16}
 model: {preset: tiny}
 sparsity: {algorithm: rigl, sparsity: 0.8, update: {freq: 2}}
 runconfig: {max_steps: 4, log_steps: 2, seed: 0}

@@ -16,8 +16,8 @@ from workers.spec import JobSpec
 torch.set_num_threads(1)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RUN_SPEC = """
-train_input: {batch_size: 4, seq_len: 16}
-eval_input: {batch_size: 4, seq_len: 16}
+train_input: {batch_size: 4, max_sequence_length: 16}
+eval_input: {batch_size: 4, max_sequence_length: 16}
 model: {preset: tiny}
 sparsity: {algorithm: static, sparsity: 0.75}
 runconfig: {max_steps: 4, log_steps: 2, eval_steps: 2, mlflow_experiment: ""}
@@ -28,11 +28,12 @@ def test_validate_only_prints_the_plan(capsys):
     assert cli.main(["run", "--params", str(EXAMPLES / "rigl.yaml"), "--validate_only"]) == 0
     out = capsys.readouterr().out
     assert "group 0 rigl: 14 parameters" in out
-    assert "layers.1.mlp.down_proj.weight" in out and "projected CS-2 step" in out
+    assert "transformer_decoder.layers.1.ffn.ffn.1.linear_layer.weight" in out and "projected CS-2 step" in out
     assert "matched" not in out
     cli.main(["run", "--params", str(EXAMPLES / "rigl.yaml"), "--validate_only", "--logging", "DEBUG"])
     debug = capsys.readouterr().out
-    assert "matched layers.0.attn.q_proj.weight" in debug and "dense   embedding.weight" in debug
+    assert "matched transformer_decoder.layers.0.self_attn.proj_q_dense_layer.weight" in debug
+    assert "dense   embedding_layer.word_embeddings.weight" in debug
 
 
 def test_bad_params_exit_2_naming_the_field(tmp_path, capsys):
@@ -40,6 +41,11 @@ def test_bad_params_exit_2_naming_the_field(tmp_path, capsys):
     params.write_text("train_input: {batch_sz: 4}\n")
     assert cli.main(["run", "--params", str(params), "--validate_only"]) == 2
     assert "train_input.batch_sz" in capsys.readouterr().err
+    params.write_text("model: {hidden_sise: 4}\n")
+    assert cli.main(["run", "--params", str(params), "--validate_only"]) == 2
+    assert "did you mean 'hidden_size'" in capsys.readouterr().err
+    assert cli.main(["run", "--params", str(tmp_path / "none.yaml"), "--validate_only"]) == 2
+    assert "is not a file" in capsys.readouterr().err
     params.write_text("train_input: {batch_size: 6}\n")
     assert cli.main(["run", "--params", str(params), "--num_csx", "4", "--validate_only"]) == 2
     assert "num_csx (4)" in capsys.readouterr().err
@@ -54,7 +60,7 @@ def test_plan_counts_and_unmatched_group():
     assert flops["sparse_train"] < flops["dense_train"] and plan["batch_per_csx"] == 2
     nothing = JobSpec.from_yaml(RUN_SPEC.replace(
         "sparsity: {algorithm: static, sparsity: 0.75}",
-        "sparsity: [{param_filter: 'layers.*.mlp.*', sparsity: 0.5}, {param_filter: 'encoder.*', sparsity: 0.9}]"))
+        "sparsity: [{param_filter: '*.ffn.*', sparsity: 0.5}, {param_filter: 'encoder.*', sparsity: 0.9}]"))
     with pytest.raises(ValueError, match="group 1 .*matches no parameter"):
         validate_plan(nothing, num_csx=1)
 
@@ -72,11 +78,11 @@ def test_run_then_finalize_round_trip(tmp_path, capsys):
 
     state, final = load_checkpoint(trained), load_checkpoint(out)
     assert not [k for k in final["model"] if k.endswith("_mask")]
-    name = "layers.0.mlp.up_proj.weight"
+    name = "transformer_decoder.layers.0.ffn.ffn.0.linear_layer_for_glu.weight"
     masked = state["model"][name] * state["model"][name + "_mask"]
     assert torch.equal(final["model"][name], masked)
     # the finalized checkpoint loads strictly into a plain dense model (no mask buffers)
-    dense = build_model(model_config(JobSpec.from_yaml(RUN_SPEC), 256), seed=123)
+    dense = build_model(model_config(JobSpec.from_yaml(RUN_SPEC), 256, 16), seed=123)
     dense.load_state_dict(final["model"])
     arrays = np.load(csr)
     rows = np.repeat(np.arange(masked.shape[0]), np.diff(arrays[f"{name}/indptr"]))

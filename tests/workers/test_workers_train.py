@@ -15,10 +15,10 @@ from workers.train import train
 torch.set_num_threads(1)  # the fresh process below uses one thread too: same float reductions
 
 SPEC = """
-train_input: {batch_size: 8, seq_len: 32}
-eval_input: {batch_size: 8, seq_len: 32}
+train_input: {batch_size: 8, max_sequence_length: 32}
+eval_input: {batch_size: 8, max_sequence_length: 32}
 model: {preset: tiny}
-optimizer: {type: AdamW, learning_rate: {type: warmup_cosine, peak: 3.0e-3, warmup_steps: 4}, weight_decay: 0.1, max_gradient_norm: 1.0}
+optimizer: {optimizer_type: AdamW, learning_rate: [{scheduler: Linear, initial_learning_rate: 0.0, end_learning_rate: 3.0e-3, total_iters: 4}, {scheduler: CosineDecay, initial_learning_rate: 3.0e-3, end_learning_rate: 0.0, total_iters: 16}], weight_decay: 0.1, max_gradient_norm: 1.0}
 sparsity: {algorithm: rigl, sparsity: 0.8, update: {freq: 5, stop: 16}, drop_fraction: 0.3}
 runconfig: {max_steps: 20, checkpoint_steps: 10, eval_frequency: 10, eval_steps: 2, log_steps: 5, seed: 0, mlflow_experiment: "", sparse_kernel: auto}
 """
@@ -73,19 +73,22 @@ def test_writes_checkpoints_and_returns_summary(reference):
     state = load_checkpoint(model_dir / "checkpoint_20.mdl")
     assert {"model", "optimizer", "sparsity", "lr_scheduler", "rng", "data_position", "step", "spec"} <= set(state)
     assert state["data_position"] == {"position": 20}
-    mask = state["model"]["layers.0.attn.q_proj.weight_mask"]
-    assert (state["model"]["layers.0.attn.q_proj.weight"][~mask] == 0).all()
+    mask = state["model"]["transformer_decoder.layers.0.self_attn.proj_q_dense_layer.weight_mask"]
+    assert (state["model"]["transformer_decoder.layers.0.self_attn.proj_q_dense_layer.weight"][~mask] == 0).all()
 
 
 def test_tracker_gets_design_metric_names(reference):
     _, _, tracker = reference
     logged = set().union(*tracker.metrics.values())
     for name in ("train/loss", "lr", "eval/loss", "eval/perplexity", "sparsity/global",
-                 "sparsity/layers.0.mlp.up_proj.weight/actual", "mask/churn", "mask/itop_rate",
-                 "perf/sim_step_ms", "perf/speedup_vs_dense", "perf/scaling_efficiency", "perf/tokens_per_s"):
+                 "sparsity/transformer_decoder.layers.0.ffn.ffn.0.linear_layer_for_glu.weight/actual", "mask/churn", "mask/itop_rate",
+                 "perf/sim_step_ms", "perf/speedup_vs_dense", "perf/scaling_efficiency",
+                 "perf/sim_tokens_per_s", "host/tokens_per_s"):
         assert name in logged, name
-    assert sorted(tracker.metrics) == [5, 10, 15, 20]  # batched on log steps (updates at 5, 10, 15)
-    assert [step for step, _ in tracker.mask_updates] == [5, 10, 15]
+    assert "perf/tokens_per_s" not in logged  # the host's throughput is no projection
+    # the initial mask's sparsity at 0, then batched on log steps (updates at 5, 10, 15)
+    assert sorted(tracker.metrics) == [0, 5, 10, 15, 20]
+    assert [step for step, _ in tracker.mask_updates] == [0, 5, 10, 15]
     assert "mask/churn" not in tracker.metrics[20]  # no update at 20: no stale churn
 
 
@@ -159,8 +162,8 @@ def test_bad_inputs_raise_naming_the_problem(tmp_path):
         train(spec, model_dir=str(tmp_path), mode="predict")
     with pytest.raises(ValueError, match="needs a checkpoint"):
         train(spec, model_dir=str(tmp_path / "empty"), mode="eval")
-    with pytest.raises(ValueError, match="optimizer.type"):
-        train(JobSpec.from_yaml(SPEC.replace("type: AdamW", "type: Adamz")), model_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="optimizer.optimizer_type"):
+        train(JobSpec.from_yaml(SPEC.replace("optimizer_type: AdamW", "optimizer_type: Adamz")), model_dir=str(tmp_path))
 
 
 def test_dense_run_without_sparsity(tmp_path):
@@ -194,8 +197,8 @@ def test_optimizer_uses_the_fused_cpu_kernel_unless_the_class_has_none():
     from workers.spec import OptimizerSpec
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    adamw = make_optimizer(OptimizerSpec(type="AdamW", weight_decay=0.1), model)
+    adamw = make_optimizer(OptimizerSpec(optimizer_type="AdamW", weight_decay=0.1), model)
     assert adamw.defaults["fused"] is True
     assert [g["weight_decay"] for g in adamw.param_groups] == [0.1, 0.0]
-    rmsprop = make_optimizer(OptimizerSpec(type="RMSprop"), model)
+    rmsprop = make_optimizer(OptimizerSpec(optimizer_type="RMSprop"), model)
     assert "fused" not in rmsprop.defaults

@@ -22,7 +22,8 @@ def project(model: torch.nn.Module, *, seq_len: int, global_tokens: int, num_csx
 def projection_metrics(projection: Any) -> dict[str, float]:
     return {"perf/sim_step_ms": float(projection.step_ms),
             "perf/speedup_vs_dense": float(projection.speedup_vs_dense),
-            "perf/scaling_efficiency": float(projection.scaling_efficiency)}
+            "perf/scaling_efficiency": float(projection.scaling_efficiency),
+            "perf/sim_tokens_per_s": float(projection.metrics()["perf/sim_tokens_per_s"])}
 
 
 class PerfProjector:

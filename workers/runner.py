@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
@@ -48,8 +48,12 @@ class JobFailed(RuntimeError):
     """Workers kept dying: more than `max_failures` restarts were needed."""
 
 
-def connect_ray(num_cpus: int) -> None:
-    """Reuse an initialised runtime, else join RAY_ADDRESS, else start a local one.
+def connect_ray(num_cpus: int, address: str | None = None) -> None:
+    """Reuse an initialised runtime, else join `address` or RAY_ADDRESS, else start a local one.
+
+    A local runtime started here lives only as long as the calling *thread* (Ray ties
+    gcs_server and raylet to it with PR_SET_PDEATHSIG): long-lived callers that launch from
+    short-lived threads (the service) must pass the address of a head they run themselves.
 
     The local runtime has the dashboard UI off (heavy and unneeded) and token auth disabled
     (on by default in Ray 2.60, it breaks local use). Ray 2.60 rewrites a node address of
@@ -58,7 +62,7 @@ def connect_ray(num_cpus: int) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    address = os.environ.get("RAY_ADDRESS")
+    address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
@@ -239,11 +243,13 @@ def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: st
               parent_run_id: str | None = None, progress: ProgressCallback | None = None,
               max_failures: int | None = None, tracking: bool = True,
               tracking_uri: str | None = None,
+              run_name: str | None = None, tags: Mapping[str, str] | None = None,
               train_fn: Callable[..., dict] | None = None) -> JobHandle:
     """Validate, create (or reuse) the MLflow run, connect to Ray and start the first attempt's
     bookkeeping; the returned handle runs the job in `wait()`.
 
     `train_fn` is the per-rank loop with `workers.train.train`'s signature (the default).
+    `run_name` and `tags` name and tag a newly created run (see `open_run`).
     """
     if not isinstance(spec, JobSpec):
         raise TypeError(f"spec must be a workers.spec.JobSpec, got {type(spec).__name__}")
@@ -275,24 +281,33 @@ def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: st
     if tracking:
         tracking_uri = resolve_tracking_uri(tracking_uri)
         run_id = mlflow_run_id or open_run(spec, num_csx=num_csx, tracking_uri=tracking_uri,
-                                           parent_run_id=parent_run_id)
+                                           parent_run_id=parent_run_id, run_name=run_name,
+                                           tags=tags)
     return JobHandle(spec, num_csx=num_csx, mode=mode, model_dir=model_dir, run_id=run_id,
                      tracking_uri=tracking_uri, progress=progress, max_failures=max_failures,
                      train_fn=train_fn)
 
 
-def open_run(spec: JobSpec, *, num_csx: int, tracking_uri: str,
-             parent_run_id: str | None) -> str:
-    """Create the job's MLflow run with its DESIGN §5 params and the params YAML."""
+def open_run(spec: JobSpec, *, num_csx: int, tracking_uri: str, parent_run_id: str | None,
+             run_name: str | None = None, tags: Mapping[str, str] | None = None) -> str:
+    """Create the job's MLflow run with its params and the params YAML.
+
+    The run is named `run_name` (a study variant, a job's name), else after its algorithm, and
+    tagged `csx.algorithm` and `csx.variant` (the name) besides `tags`: MLflow's own random
+    names would say nothing about which run is which.
+    """
     from mlflow import MlflowClient
     from mlflow.entities import Param
 
+    params = run_params(spec.model_dump(mode="json"), num_csx)
+    name = run_name or params["algorithm"]
+    run_tags = {"csx.algorithm": params["algorithm"], "csx.variant": name, **(tags or {})}
     run_id = create_run(spec.runconfig.mlflow_experiment, tracking_uri=tracking_uri,
-                        parent_run_id=parent_run_id)
+                        parent_run_id=parent_run_id, run_name=name, tags=run_tags)
     client = MlflowClient(tracking_uri=tracking_uri)
-    params = [Param(k, v) for k, v in run_params(spec.model_dump(mode="json"), num_csx).items()]
-    for start in range(0, len(params), 100):
-        client.log_batch(run_id, params=params[start:start + 100])
+    items = [Param(k, v) for k, v in params.items()]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start:start + 100])
     client.log_text(run_id, spec.to_yaml(), "params.yaml")
     return run_id
 
@@ -302,6 +317,7 @@ def run_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,
             parent_run_id: str | None = None, progress: ProgressCallback | None = None,
             max_failures: int | None = None, tracking: bool = True,
             tracking_uri: str | None = None,
+            run_name: str | None = None, tags: Mapping[str, str] | None = None,
             train_fn: Callable[..., dict] | None = None) -> dict[str, Any]:
     """Run a job to completion on `num_csx` simulated systems and return its summary."""
     started = time.perf_counter()
@@ -309,7 +325,8 @@ def run_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,
                        mlflow_run_id=mlflow_run_id, experiment=experiment,
                        parent_run_id=parent_run_id, progress=progress,
                        max_failures=max_failures, tracking=tracking,
-                       tracking_uri=tracking_uri, train_fn=train_fn)
+                       tracking_uri=tracking_uri, train_fn=train_fn, run_name=run_name,
+                       tags=tags)
     summary = handle.wait()
     summary["job_wall_s"] = time.perf_counter() - started
     return summary

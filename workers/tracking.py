@@ -13,6 +13,7 @@ and its Ray workers, which may run in other directories, write to the same store
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import time
 from collections.abc import Mapping
@@ -26,11 +27,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
-from workers.plots import (
-    write_curves_png,
-    write_density_histogram_png,
-    write_mask_heatmap_png,
-)
+from workers.plots import HeatmapWriter, write_curves_png, write_density_histogram_png
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
@@ -38,6 +35,8 @@ MAX_PARAM_VALUE_CHARS = 6000
 # Flush buffered metrics at least this often so a live MLflow UI follows the run.
 FLUSH_INTERVAL_S = 10.0
 PARENT_RUN_TAG = "mlflow.parentRunId"
+# What MLflow accepts as a param name (letters, digits, _ - . / space and colon).
+PARAM_KEY = re.compile(r"[\w\-./ :]+")
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 
@@ -96,11 +95,16 @@ def create_run(experiment: str, *, tracking_uri: str | None = None,
 
 
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested dicts become dotted keys ("optimizer.learning_rate"); values become strings."""
+    """Nested dicts become dotted keys ("optimizer.learning_rate"); values become strings.
+
+    A mapping whose keys MLflow would refuse as param names (the regex keys of a legacy
+    `param_name_patterns` dict) stays one value, its text.
+    """
     flat: dict[str, str] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
+        if isinstance(value, Mapping) and value and all(
+                PARAM_KEY.fullmatch(str(k)) for k in value):
             flat.update(flatten_params(value, prefix=f"{name}."))
         else:
             flat[name] = str(value)[:MAX_PARAM_VALUE_CHARS]
@@ -108,21 +112,26 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
 
 
 def run_params(spec: Mapping[str, Any], num_csx: int) -> dict[str, str]:
-    """The headline params of DESIGN §5 from a params dict (ModelZoo layout)."""
+    """The headline params of DESIGN §5 from a params dict, then every section flattened
+    ("sparsity.init_sparsity", "runconfig.max_steps", "optimizer.weight_decay", ...), so
+    whatever distinguishes two variants is a param the runs table can show."""
     train_input = spec.get("train_input") or {}
     optimizer = spec.get("optimizer") or {}
     runconfig = spec.get("runconfig") or {}
     params: dict[str, Any] = {
         "num_csx": num_csx,
         "global_batch": train_input.get("batch_size"),
-        "seq_len": train_input.get("seq_len"),
+        "seq_len": train_input.get("seq_len", train_input.get("max_sequence_length")),
         "lr": optimizer.get("learning_rate"),
         "seed": runconfig.get("seed"),
     }
     params.update(sparsity_params(spec.get("sparsity")))
-    for key, value in (spec.get("model") or {}).items():
-        params[f"model.{key}"] = value
-    return flatten_params({k: v for k, v in params.items() if v is not None})
+    flat = flatten_params({k: v for k, v in params.items() if v is not None})
+    sections = {name: section for name, section in spec.items() if section is not None}
+    if isinstance(sections.get("sparsity"), list):  # groups: sparsity.group0.algorithm, ...
+        sections["sparsity"] = {f"group{i}": group for i, group in enumerate(spec["sparsity"])}
+    flat.update(flatten_params(sections))
+    return flat
 
 
 def sparsity_params(section: Any) -> dict[str, Any]:
@@ -191,6 +200,7 @@ class Tracker:
                  run_name: str | None = None) -> None:
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        attached = run_id is not None
         if run_id is None:
             run_id = create_run(experiment, tracking_uri=self.tracking_uri,
                                 parent_run_id=parent_run_id, run_name=run_name)
@@ -204,7 +214,19 @@ class Tracker:
         self._pending: list[Metric] = []
         self._last_flush = time.monotonic()
         self._history: dict[str, list[tuple[int, float]]] = {}
+        # (key, step) already written to the run, by this tracker or an earlier attempt: a
+        # retry re-runs the steps after its checkpoint, and a metric has one value per step.
+        self._logged: set[tuple[str, int]] = set()
+        if attached:
+            self._load_logged()
+        self._heatmaps = HeatmapWriter()
         self._finished = False
+
+    def _load_logged(self) -> None:
+        for key in self.client.get_run(self.run_id).data.metrics:
+            for metric in self.client.get_metric_history(self.run_id, key):
+                self._logged.add((key, metric.step))
+                self._history.setdefault(key, []).append((metric.step, metric.value))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Log (nested) params now, flattened to dotted names, 100 per batch."""
@@ -213,9 +235,16 @@ class Tracker:
             self._log_batch(params=items[start:start + MAX_PARAMS_PER_BATCH])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Buffer metrics; they are written 1000 at a time, every 10 s, and at `finish`."""
+        """Buffer metrics; they are written 1000 at a time, every 10 s, and at `finish`.
+
+        A key already logged at `step` is skipped (the first value stands), so no history
+        holds two points for one step.
+        """
         timestamp = int(time.time() * 1000)
         for key, value in metrics.items():
+            if (key, int(step)) in self._logged:
+                continue
+            self._logged.add((key, int(step)))
             number = float(value)
             self._pending.append(Metric(key, number, timestamp, int(step)))
             self._history.setdefault(key, []).append((int(step), number))
@@ -246,8 +275,9 @@ class Tracker:
             for name, mask in masks.items():
                 dense = mask.detach().to("cpu", torch.bool)
                 densities[name] = float(dense.float().mean())
-                write_mask_heatmap_png(dense.reshape(dense.shape[0], -1).numpy(),
-                                       out / f"heatmap_{safe_file_name(name)}.png")
+                self._heatmaps.write(dense.reshape(dense.shape[0], -1).numpy(),
+                                     out / f"heatmap_{safe_file_name(name)}.png",
+                                     name=name, step=step)
             write_density_histogram_png(densities, out / "density_hist.png",
                                         title=f"mask density, step {step}")
             self.client.log_artifacts(self.run_id, folder, artifact_path=f"masks/step_{step:07d}")

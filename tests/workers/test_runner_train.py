@@ -17,10 +17,10 @@ from workers.spec import JobSpec
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 SPEC = """
-train_input: {batch_size: 8, seq_len: 32}
-eval_input: {batch_size: 8, seq_len: 32}
+train_input: {batch_size: 8, max_sequence_length: 32}
+eval_input: {batch_size: 8, max_sequence_length: 32}
 model: {preset: tiny}
-optimizer: {type: AdamW, learning_rate: 3.0e-3, weight_decay: 0.1, max_gradient_norm: 1.0}
+optimizer: {optimizer_type: AdamW, learning_rate: 3.0e-3, weight_decay: 0.1, max_gradient_norm: 1.0}
 sparsity: {algorithm: rigl, sparsity: 0.8, update: {freq: 5, stop: 16}, drop_fraction: 0.3}
 runconfig: {max_steps: 20, checkpoint_steps: 10, log_steps: 5, seed: 0, max_failures: 0,
             mlflow_experiment: runner-test}
@@ -56,7 +56,8 @@ def test_rank_zero_logs_metrics_params_and_mask_artifacts(runs, tracking_uri):
     assert [m.step for m in losses] == [5, 10, 15, 20]
     artifacts = Path(urlparse(run.info.artifact_uri).path)
     assert sorted(p.name for p in (artifacts / "masks").iterdir()) == [
-        "step_0000005", "step_0000010", "step_0000015"]
+        "step_0000000", "step_0000005", "step_0000010", "step_0000015"]  # initial mask too
+    assert run.info.run_name == "rigl" and run.data.tags["csx.algorithm"] == "rigl"
     assert (artifacts / "masks" / "step_0000010" / "masks.npz").is_file()
     assert (artifacts / "params.yaml").is_file()
     assert (artifacts / "report" / "curves.png").is_file()
@@ -87,3 +88,12 @@ def test_killed_worker_resumes_from_checkpoint_and_matches(runs, tmp_path, track
     final_loss = client.get_metric_history(summary["run_id"], "train/loss")[-1]
     assert final_loss.step == 20
     assert final_loss.value == pytest.approx(reference["train_loss"], abs=1e-6)
+    # Every point of the uninterrupted run, none twice: the step-10 metrics the second attempt
+    # resumed after reached MLflow before the kill, and steps 11-15 are not logged again.
+    metrics = client.get_run(reference["run_id"]).data.metrics
+    assert set(client.get_run(summary["run_id"]).data.metrics) == set(metrics)
+    for key in metrics:
+        expected = [m.step for m in client.get_metric_history(reference["run_id"], key)]
+        steps = [m.step for m in client.get_metric_history(summary["run_id"], key)]
+        assert sorted(steps) == sorted(expected), key
+        assert len(set(steps)) == len(steps), key

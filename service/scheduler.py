@@ -254,7 +254,9 @@ class Scheduler:
                                                      default=str))
                 except (ValueError, TypeError) as err:
                     raise ValueError(f"invalid job: {err}") from err
-                self._move(session, job, S.PROVISIONING, "plan validated")
+                ignored = job.plan.get("not_applied") or []
+                note = f"; not applied here (hardware-only keys): {', '.join(ignored)}" if ignored else ""
+                self._move(session, job, S.PROVISIONING, f"plan validated{note}")
             model_dir = joblogs.job_dir(self.settings.runs_dir, job.id) / "model"
             from service.studies import run_identity
 

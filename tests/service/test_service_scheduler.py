@@ -139,6 +139,18 @@ def test_failure_then_retry_reuses_the_mlflow_run(client: TestClient, alice: dic
     assert tags["csx.status"] == "SUCCEEDED"
 
 
+def test_hardware_only_keys_are_reported_once_as_not_applied(client: TestClient, alice: dict[str, str],
+                                                          launcher: ScriptedLauncher) -> None:
+    job_id = _submit(client, alice, runconfig={"max_steps": 10, "use_cs_grad_accum": True},
+                     train_input={"batch_size": 8, "max_sequence_length": 16, "num_workers": 2})
+    wait_status(client, alice, job_id, "RUNNING")
+    events = client.get(f"/v1/jobs/{job_id}/events", headers=alice).json()["data"]
+    notes = [e["message"] for e in events if "not applied here" in (e["message"] or "")]
+    assert len(notes) == 1, events
+    assert "train_input.num_workers" in notes[0] and "runconfig.use_cs_grad_accum" in notes[0]
+    launcher.handle_for(job_id).finish({})
+
+
 def test_deep_validation_failure_names_the_reason(client: TestClient, alice: dict[str, str],
                                                   launcher: ScriptedLauncher) -> None:
     job_id = _submit(client, alice, optimizer={"optimizer_type": "NoSuchOptimizer"})

@@ -10,7 +10,9 @@ updates every 100 steps: 99 ordinary steps and one update step per 100 dense ste
 
 The step is split into forward + backward and `optimizer.step()`, and the sparsity library's own
 step hooks are timed on their own (hooks registered just before and after them on the same
-optimizer), so the ratio's parts can be told apart. After the last step the masked runs are
+optimizer), so the ratio's parts can be told apart. The gradient hooks (masking the gradients
+when backward ends, and capturing the dense gradient before an update step) run inside
+backward, so their cost is in the forward + backward row. After the last step the masked runs are
 checked: weights, gradients and AdamW moments exactly 0 wherever the mask is False. Target:
 ordinary and amortised ratios ≤ 1.05. Writes bench/results/masked_overhead.json.
 

@@ -1,6 +1,6 @@
 """csx-sparse's sparsity library: the Cerebras ``cstorch.sparse`` API on plain PyTorch."""
 
-from . import checkpoint, optim, schedules
+from . import checkpoint, optim, plugins, schedules
 from .algorithms import GMP, SET, GraNet, RigL, Static
 from .base import (
     DEFAULT_PARAM_FILTER,
@@ -11,12 +11,16 @@ from .base import (
 )
 from .config import configure, configure_sparsity_wrapper
 from .group import Group
+from .schedules import BaseHyperParameter
+from .wrapper import SparsityWrapperOptimizer
 from .masks import (
     FirstTieBreaker,
     InputGroupScoreShaper,
     OutputGroupScoreShaper,
     RandomTieBreaker,
     ScoreFlattener,
+    ScoreShaper,
+    ScoreTieBreaker,
     drop_minimum,
     grow_maximum,
     keep_count,
@@ -35,12 +39,17 @@ __all__ = [
     "Group",
     "configure",
     "configure_sparsity_wrapper",
+    "SparsityWrapperOptimizer",
+    "BaseHyperParameter",
     "checkpoint",
     "DEFAULT_PARAM_FILTER",
     "algorithm_names",
     "get_algorithm_class",
     "optim",
+    "plugins",
     "schedules",
+    "ScoreShaper",
+    "ScoreTieBreaker",
     "ScoreFlattener",
     "OutputGroupScoreShaper",
     "InputGroupScoreShaper",

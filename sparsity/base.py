@@ -5,11 +5,19 @@ update cadence and asks subclasses for one method, ``update_mask(p, mask, sparsi
 
 Per optimizer step t (any ``torch.optim`` optimizer, through its step hooks):
 
-* pre-step: on an update step of a gradient-growing algorithm the dense gradient is captured,
-  then gradients are masked (exactly: NaN/inf at pruned positions become 0) and every optimizer
-  state tensor of the parameter's shape is masked unless it is provably still masked;
+* backward: gradient hooks on the sparse parameters zero their gradients outside the masks
+  when the backward pass ends, before ``backward()`` returns (exactly: NaN/inf at pruned
+  positions become 0, as cstorch's ``where(mask, grad, 0)``), so ``clip_grad_norm_`` sees live
+  weights only; before that, on the backward passes that precede an update step of a
+  gradient-growing algorithm (RigL, GraNet), the dense gradient is added to a private copy
+  (summed over micro-batches);
+* pre-step: gradients written by other means than backward (assigned by hand) are masked the
+  same way, and every optimizer state tensor of the parameter's shape is masked unless it is
+  provably still masked;
 * post-step: weights and state are masked again, the counter becomes t, and if t is an update
-  step the masks change now and are used from forward t+1.
+  step the masks change now and are used from forward t+1. An entry active before and after an
+  update keeps its value and optimizer state; an entry grown from inactive starts at 0 (weight
+  and state; SET/RigL/GraNet's ``grow_init`` can give it another initial weight).
 
 Randomness comes from generators seeded by (seed, step, parameter name), never the global RNG, so
 masks are identical on every run and every data-parallel replica, and no RNG state needs saving.
@@ -18,14 +26,13 @@ masks are identical on every run and every data-parallel replica, and no RNG sta
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import inspect
 import sys
-import weakref
 import zlib
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -34,7 +41,8 @@ from torch.utils.hooks import RemovableHandle
 
 from .distributions import get_distribution
 from .init_methods import INIT_METHODS
-from .masks import RandomTieBreaker, apply_mask_
+from .keeping import MaskKeeper, SparseParam
+from .masks import RandomTieBreaker, TieBreaker
 from .stats import MaskStats
 from .schedules import Schedule, make_schedule, make_update_schedule
 
@@ -79,21 +87,7 @@ def _mixed_seed(*parts: int | str) -> int:
     return value
 
 
-@dataclass(eq=False)
-class SparseParam:
-    """A masked parameter: its name relative to the model root and the module holding the mask."""
-
-    name: str
-    param: nn.Parameter
-    module: nn.Module
-    mask_name: str
-
-    @property
-    def mask(self) -> torch.Tensor:
-        return self.module._buffers[self.mask_name]
-
-
-class SparsityAlgorithm(ABC):
+class SparsityAlgorithm(MaskKeeper, ABC):
     """Base of every algorithm. Subclasses register by lowercase class name and override
     :meth:`update`, which runs after every optimizer step while ``autoupdate`` is on."""
 
@@ -103,8 +97,19 @@ class SparsityAlgorithm(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("registered", True):
-            SparsityAlgorithm.registry[cls.__name__.lower()] = cls
+        # cstorch's signature is update(self, optimizer=None); ours calls update() unless asked
+        cls._update_takes_optimizer = "optimizer" in inspect.signature(cls.update).parameters
+        if not cls.__dict__.get("registered", True):
+            return
+        name = cls.__name__.lower()
+        built_in = SparsityAlgorithm.registry.get(name)
+        if built_in is not None and _is_built_in(built_in) and not _is_built_in(cls):
+            raise ValueError(
+                f"{cls.__module__}.{cls.__qualname__}: the algorithm name {name!r} is built in "
+                f"({built_in.__module__}.{built_in.__qualname__}); a class of that name would replace "
+                "it in every config. Rename the class."
+            )
+        SparsityAlgorithm.registry[name] = cls
 
     def __init__(
         self,
@@ -114,6 +119,7 @@ class SparsityAlgorithm(ABC):
         init_method: str | Callable[..., torch.Tensor] = "random",
         distribution: str = "uniform",
         seed: int = 0,
+        tie_breaker: TieBreaker | None = None,
     ) -> None:
         if sparsity is None:
             raise ValueError(f"{type(self).__name__}: 'sparsity' is required")
@@ -129,6 +135,9 @@ class SparsityAlgorithm(ABC):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
+        if tie_breaker is not None and not isinstance(tie_breaker, TieBreaker):
+            raise ValueError(f"tie_breaker must be a sparsity.ScoreTieBreaker, got {tie_breaker!r}")
+        self.fixed_tie_breaker = tie_breaker
         self.step = 0
         self.autoupdate = True
         self._params: list[SparseParam] = []
@@ -137,9 +146,10 @@ class SparsityAlgorithm(ABC):
         self._target_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._computed_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._dense_grads: dict[nn.Parameter, torch.Tensor] = {}
-        # id(state tensor) -> (weak references to it and to the mask, _stamp when we masked it)
-        self._masked_state: dict[int, tuple[weakref.ref, weakref.ref, tuple[int, ...]]] = {}
-        self._grads_prepared = False
+        self._grad_handles: list[RemovableHandle] = []
+        self._masked_state = {}
+        self._zeros_in = {}
+        self._masking_task = -1
         self._targets: dict[str, float] = {}
         self.stats = MaskStats()
 
@@ -178,6 +188,7 @@ class SparsityAlgorithm(ABC):
                 seen.add(id(param))
                 params.append(SparseParam(name, param, module, f"{pname}_mask"))
         self._params = params
+        self._before_first_mask(params)
         targets = self.layer_targets(self.step)
         for sp in params:
             if sp.mask_name not in sp.module._buffers:  # a loaded or re-applied mask is kept
@@ -186,7 +197,16 @@ class SparsityAlgorithm(ABC):
             self.stats.track(sp.name, sp.mask)
         self._record_targets(targets)
         self.mask_weights()
+        self._hook_gradients()
         self._notify_computed()
+
+    def _before_first_mask(self, params: list[SparseParam]) -> None:
+        """Called by ``apply(model)`` with the parameters claimed, before they are masked."""
+
+    @property
+    def sparse_params(self) -> dict[str, SparseParam]:
+        """The masked parameters by name (cstorch's ``self.sparse_params``), in model order."""
+        return {sp.name: sp for sp in self._params}
 
     def _attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         if any(opt is optimizer for opt in self._optimizers):
@@ -198,79 +218,6 @@ class SparsityAlgorithm(ABC):
     def sparse_parameters(self) -> list[tuple[str, nn.Parameter, torch.Tensor]]:
         return [(sp.name, sp.param, sp.mask) for sp in self._params]
 
-    # ------------------------------------------------------------------------------ masking
-    @torch.no_grad()
-    def mask_weights(self) -> None:
-        for sp in self._params:
-            apply_mask_(sp.mask, sp.param)
-
-    @torch.no_grad()
-    def _mask_optimizer_state(self, optimizer: torch.optim.Optimizer, with_weights: bool = False) -> None:
-        """Mask every state tensor of a sparse parameter's shape (and the weights too if asked, in
-        the same pass over each mask), except states provably masked already: the same tensor
-        under the same mask, neither written since we masked it (a loaded optimizer state is a
-        new tensor, a loaded mask a write). So the pre-step pass costs nothing after the
-        post-step pass of the previous step."""
-        for sp in self._params:
-            stale = [value for value in optimizer.state.get(sp.param, {}).values()
-                     if _is_state_like(value, sp.param) and not self._still_masked(value, sp.mask)]
-            if stale or with_weights:
-                self._mask_tensors(sp.mask, [sp.param] if with_weights else [], stale)
-
-    def _still_masked(self, value: torch.Tensor, mask: torch.Tensor) -> bool:
-        entry = self._masked_state.get(id(value))
-        return (entry is not None and entry[0]() is value and entry[1]() is mask
-                and entry[2] == _stamp(value, mask))
-
-    def _mask_tensors(self, mask: torch.Tensor, tensors: list[torch.Tensor],
-                      states: list[torch.Tensor]) -> None:
-        apply_mask_(mask, *tensors, *states)
-        for value in states:
-            self._masked_state[id(value)] = (weakref.ref(value), weakref.ref(mask), _stamp(value, mask))
-
-    @torch.no_grad()
-    def mask_gradients(self) -> None:
-        """Capture dense gradients if the next step grows by gradient, then zero masked gradients.
-
-        Call it before gradient clipping so the norm ignores pruned positions; the optimizer
-        pre-step hook calls it otherwise. Gradients are summed over micro-batches since zero_grad.
-        """
-        if self.needs_dense_grad():
-            self._dense_grads = {
-                sp.param: sp.param.grad.detach().clone()
-                if sp.param.grad is not None
-                else torch.zeros_like(sp.param)
-                for sp in self._params
-            }
-        for sp in self._params:
-            if sp.param.grad is not None:
-                apply_mask_(sp.mask, sp.param.grad)
-        self._grads_prepared = True
-
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self._grads_prepared:
-            self.mask_gradients()
-        self._mask_optimizer_state(optimizer)
-
-    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if optimizer is self._optimizers[0]:  # several optimizers: the first one counts steps
-            self.step += 1
-            self._grads_prepared = False
-            if self.autoupdate:
-                self.update()
-            self._dense_grads = {}
-        self._mask_optimizer_state(optimizer, with_weights=True)
-
-    @torch.no_grad()
-    def zero_outside(self, param: nn.Parameter, mask: torch.Tensor) -> None:
-        """Zero weight, gradient and same-shaped optimizer state of ``param`` outside the bool
-        ``mask`` (the parameter's shape), so entries an update deactivates hold zeros, and entries
-        it regrows after dropping them start from zero like any grown entry."""
-        tensors = [param] if param.grad is None else [param, param.grad]
-        states = [value for optimizer in self._optimizers
-                  for value in optimizer.state.get(param, {}).values() if _is_state_like(value, param)]
-        self._mask_tensors(mask, tensors, states)
-
     # ------------------------------------------------------------------------- the schedule
     def is_update_step(self, step: int) -> bool:
         return False
@@ -280,7 +227,7 @@ class SparsityAlgorithm(ABC):
         return self.grows_by_gradient and self.is_update_step(self.step + 1)
 
     def target_sparsity(self, step: int) -> float:
-        value = float(self.sparsity(step))
+        value = self.sparsity.value_at(step, self.is_update_step(step))
         _check_level("sparsity", value, step)
         return value
 
@@ -294,19 +241,25 @@ class SparsityAlgorithm(ABC):
         """Called after every optimizer step (``self.step`` already advanced) while autoupdate."""
 
     # ------------------------------------------------------------------------- init and rng
-    def generator(self, param: nn.Parameter | str, step: int | None = None) -> torch.Generator:
-        """A generator seeded by (seed, step, parameter name): deterministic on every replica."""
+    def generator(self, param: nn.Parameter | str, step: int | None = None, purpose: str = "") -> torch.Generator:
+        """A generator seeded by (seed, step, parameter name): deterministic on every replica.
+        A ``purpose`` gives a stream of its own for the same step and parameter."""
         name = param if isinstance(param, str) else self._name_of(param)
-        seed = _mixed_seed(self.seed, self.step if step is None else step, name)
-        return torch.Generator().manual_seed(seed)
+        parts = (self.seed, self.step if step is None else step, name) + ((purpose,) if purpose else ())
+        return torch.Generator().manual_seed(_mixed_seed(*parts))
 
-    def tie_breaker(self, param: nn.Parameter) -> RandomTieBreaker:
+    def tie_breaker(self, param: nn.Parameter) -> TieBreaker:
+        """The ``tie_breaker`` given to the constructor, else a random order seeded by (seed,
+        step, parameter name)."""
+        if self.fixed_tie_breaker is not None:
+            return self.fixed_tie_breaker
         name = self._name_of(param)
         return RandomTieBreaker(_mixed_seed(self.seed, self.step, name, "ties"))
 
     def dense_grad(self, param: nn.Parameter) -> torch.Tensor:
-        """The dense gradient captured before masking on this update step: a copy private to the
-        update (RigL's ``grow_score`` turns it into its magnitude in place)."""
+        """The dense gradient captured before masking for this update step (summed over the
+        micro-batches since the last step): a copy private to the update (RigL's ``grow_score``
+        turns it into its magnitude in place)."""
         try:
             return self._dense_grads[param]
         except KeyError:
@@ -404,11 +357,10 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
     """Masks that change on update steps. Subclasses override :meth:`update_mask` only.
 
     After ``update_mask`` returns, weight, gradient and optimizer state are zeroed outside the
-    new mask, unless the class sets ``zeroes_dropped`` because ``update_mask`` has already
-    zeroed everything it dropped (SET does, to zero entries it regrows as well).
+    new mask. Entries inside both masks keep their values and state (an entry dropped and
+    regrown in the same update included, as in RigL's reference code and cstorch); entries
+    grown from inactive hold 0 everywhere, then :meth:`initialize_grown` may set their weights.
     """
-
-    zeroes_dropped: ClassVar[bool] = False
 
     def __init__(self, sparsity: Any = None, *, update: Any = None, **kwargs: Any) -> None:
         if update is None:
@@ -443,10 +395,14 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
         old = {sp.name: sp.mask.clone() for sp in self._params}
         for sp in self._params:
             sp.mask.copy_(self.update_mask(sp.param, sp.mask, targets[sp.name]))
-            if not self.zeroes_dropped:
-                self.zero_outside(sp.param, sp.mask)
+            self.zero_outside(sp.param, sp.mask)
+            self.initialize_grown(sp.param, sp.mask & ~old[sp.name], old[sp.name])
         self.stats.record(old, {sp.name: sp.mask for sp in self._params})
         self._notify_computed()
+
+    def initialize_grown(self, p: nn.Parameter, grown: torch.Tensor, old_mask: torch.Tensor) -> None:
+        """Sets the weights of the entries ``grown`` from inactive by this update (bool, ``p``'s
+        shape); they hold 0 when this is called, which the default keeps."""
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -454,20 +410,6 @@ def _check_level(field: str, value: float, step: int | None = None) -> None:
     if not 0.0 <= value < 1.0:  # NaN fails both comparisons
         where = "" if step is None else f" at step {step}"
         raise ValueError(f"{field} must be in [0, 1){where}, got {value!r}")
-
-
-def _stamp(state: torch.Tensor, mask: torch.Tensor) -> tuple[int, ...]:
-    """What "still masked" rests on: the memory each tensor holds, and its count of in-place
-    writes (``_version``)."""
-    return state.data_ptr(), state._version, mask.data_ptr(), mask._version
-
-
-def _is_state_like(value: Any, param: torch.Tensor) -> bool:
-    return (
-        isinstance(value, torch.Tensor)
-        and value.shape == param.shape
-        and not getattr(value, "requires_dense", False)
-    )
 
 
 def _outermost_apply_root(module: nn.Module) -> nn.Module:
@@ -481,15 +423,32 @@ def _outermost_apply_root(module: nn.Module) -> nn.Module:
     return root
 
 
+def _is_built_in(cls: type) -> bool:
+    return cls.__module__.split(".")[0] == "sparsity"
+
+
 def algorithm_names() -> list[str]:
     return sorted(n for n, cls in SparsityAlgorithm.registry.items() if not inspect.isabstract(cls))
 
 
 def get_algorithm_class(name: str) -> type[SparsityAlgorithm]:
-    cls = SparsityAlgorithm.registry.get(str(name).lower())
+    """The class registered under ``name`` (any case); a ``module.ClassName`` is imported. A
+    name not registered yet is looked for again after importing the ``--python_paths`` code."""
+    from . import plugins
+
+    module, _, class_name = str(name).rpartition(".")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(f"algorithm {name!r}: cannot import module {module!r}: {err}") from None
+    cls = SparsityAlgorithm.registry.get(class_name.lower())
+    if cls is None and plugins.import_from_env():
+        cls = SparsityAlgorithm.registry.get(class_name.lower())
     if cls is None or inspect.isabstract(cls):
         raise ValueError(
             f"unknown sparsity algorithm {name!r}; known: {algorithm_names()}. Register one by "
-            "subclassing sparsity.SparsityAlgorithm or sparsity.DynamicSparsityAlgorithm."
+            "subclassing sparsity.SparsityAlgorithm or sparsity.DynamicSparsityAlgorithm in a "
+            "module the run imports (csx run --python_paths DIR, or module.ClassName)."
         )
     return cls

@@ -44,6 +44,7 @@ import torch
 
 from sparsity.base import DEFAULT_PARAM_FILTER, SparsityAlgorithm, algorithm_names, get_algorithm_class
 from sparsity.group import Group
+from sparsity.wrapper import SparsityWrapperOptimizer
 from sparsity.schedules import (
     PiecewiseConstant,
     Schedule,
@@ -76,17 +77,16 @@ def configure(config: Any, *, param_filter: ParamFilter | None = None) -> Sparsi
 
 def configure_sparsity_wrapper(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Any
-) -> torch.optim.Optimizer:
-    """Sparsifies ``model`` and hooks ``optimizer`` so that its ``step()`` keeps the masks.
+) -> SparsityWrapperOptimizer:
+    """Sparsifies ``model`` and returns a drop-in replacement for ``optimizer`` whose ``step()``
+    keeps the masks and whose ``state_dict()`` / ``load_state_dict()`` carry the sparsity state.
 
-    ``config`` is a raw config (see :func:`configure`) or an algorithm built already (pass one to
-    keep a handle for metrics). Returns ``optimizer`` itself: the sparsity lives in its step hooks,
-    so the training loop needs no other change.
+    ``config`` is a raw config (see :func:`configure`) or an algorithm built already; the
+    algorithm is ``wrapper.algorithm`` either way (for metrics).
     """
     algorithm = config if isinstance(config, SparsityAlgorithm) else configure(config)
     algorithm.apply(model)
-    algorithm.apply(optimizer)
-    return optimizer
+    return SparsityWrapperOptimizer(optimizer, algorithm)
 
 
 def _build(config: Any, default_filter: ParamFilter | None, where: str) -> SparsityAlgorithm:
@@ -203,7 +203,7 @@ def _algorithm_class(config: Mapping[str, Any], where: str) -> type:
         raise ValueError(
             f"{where}.algorithm: expected a name, one of {algorithm_names()}, got {name!r}"
         )
-    name = _LEGACY_ALGORITHM_NAMES.get(name.lower(), name.lower())
+    name = _LEGACY_ALGORITHM_NAMES.get(name.lower(), name)  # case kept: may be module.ClassName
     try:
         cls = get_algorithm_class(name)
     except ValueError as err:

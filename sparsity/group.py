@@ -81,9 +81,16 @@ class Group(SparsityAlgorithm):
         for member in self.members:
             member.mask_gradients()
 
+    def captured_dense_grads(self) -> list[torch.Tensor]:
+        return [grad for member in self.members for grad in member.captured_dense_grads()]
+
     def mask_weights(self) -> None:
         for member in self.members:
             member.mask_weights()
+
+    @property
+    def sparse_params(self) -> dict[str, Any]:
+        return {name: sp for member in self.members for name, sp in member.sparse_params.items()}
 
     def sparse_parameters(self) -> list[tuple[str, nn.Parameter, torch.Tensor]]:
         return [entry for member in self.members for entry in member.sparse_parameters()]

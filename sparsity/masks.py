@@ -31,6 +31,7 @@ __all__ = [
     "OutputGroupScoreShaper",
     "InputGroupScoreShaper",
     "TieBreaker",
+    "ScoreTieBreaker",
     "FirstTieBreaker",
     "RandomTieBreaker",
 ]
@@ -96,6 +97,10 @@ class TieBreaker:
 
     def keys(self, indices: torch.Tensor) -> torch.Tensor:
         return indices
+
+
+# The cstorch blog's name for the same role.
+ScoreTieBreaker = TieBreaker
 
 
 class FirstTieBreaker(TieBreaker):

@@ -2,8 +2,14 @@
 
 A :class:`Schedule` is a pure function of the optimizer step, so it has no state to checkpoint and
 a step-varying drop fraction really varies (the reference caches its step-1 value). Subclasses
-register by lowercase class name with any trailing "schedule" removed (``CosineSchedule`` →
-``"cosine"``), so ``{"type": "mydecay", ...}`` finds a user's ``MyDecay(Schedule)``.
+register by their ``TYPE`` if they set one, else by lowercase class name with any trailing
+"schedule" removed (``CosineSchedule`` → ``"cosine"``), so ``{"type": "mydecay", ...}`` finds a
+user's ``MyDecay(Schedule)``. A user class never replaces a built-in name (a warning says so;
+pass an instance of it instead).
+
+Two ways to write one: subclass :class:`Schedule` with ``__call__(step: int) -> float``, or
+cstorch's protocol, :class:`BaseHyperParameter`, with ``__call__(step, is_update_step)`` on
+tensors (the blog's classes drop in unchanged). Both answer ``get_min_max_end(begin, end)``.
 
 An :class:`UpdateSchedule` answers "is step t a mask-update step?" (t counts optimizer steps, 1-based).
 """
@@ -11,12 +17,16 @@ An :class:`UpdateSchedule` answers "is step t a mask-update step?" (t counts opt
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+import torch
+
 __all__ = [
     "Schedule",
+    "BaseHyperParameter",
     "Constant",
     "Linear",
     "Exp",
@@ -27,6 +37,7 @@ __all__ = [
     "Cubic",
     "Polynomial",
     "PiecewiseConstant",
+    "PeriodicSchedule",
     "make_schedule",
     "schedule_names",
     "UpdateSchedule",
@@ -46,13 +57,40 @@ class Schedule(ABC):
     """A value as a function of the step. Subclasses implement ``__call__``."""
 
     registry: ClassVar[dict[str, type[Schedule]]] = {}
+    registered: ClassVar[bool] = True  # protocol bases set False: not a schedule name
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        Schedule.registry[_registry_key(cls.__name__)] = cls
+        if not cls.__dict__.get("registered", True):
+            return
+        name = str(cls.__dict__.get("TYPE") or _registry_key(cls.__name__)).lower()
+        built_in = Schedule.registry.get(name)
+        if built_in is not None and built_in.__module__ == __name__ and cls.__module__ != __name__:
+            warnings.warn(f"schedule type {name!r} is built in, so {cls.__qualname__} is not "
+                          f"registered under it; pass an instance of it, or give it another TYPE",
+                          stacklevel=2)
+            return
+        Schedule.registry[name] = cls
 
     @abstractmethod
     def __call__(self, step: int) -> float: ...
+
+    def value_at(self, step: int, is_update_step: bool = False) -> float:
+        """The value at optimizer step ``step`` as a float (what the algorithms read)."""
+        return float(self(step))
+
+    def __getitem__(self, param: Any) -> Schedule:
+        """cstorch algorithms read ``self.sparsity[param]``, a schedule per parameter; ours is
+        one schedule for all (a distribution spreads its level over the layers)."""
+        return self
+
+    def get_min_max_end(self, begin: int, end: int) -> tuple[float, float, float]:
+        """(minimum, maximum, value at ``end``) over the steps ``begin..end``, as cstorch's
+        hyper-parameters answer it; found by evaluating every step, so exact for any shape."""
+        if end < begin:
+            raise ValueError(f"end ({end}) must not be before begin ({begin})")
+        values = [self.value_at(step) for step in range(begin, end + 1)]
+        return min(values), max(values), values[-1]
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -63,7 +101,7 @@ class Constant(Schedule):
     def __init__(self, value: float) -> None:
         self.value = float(value)
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, is_update_step: bool = False) -> float:
         return self.value
 
 
@@ -73,7 +111,7 @@ class Linear(Schedule):
     def __init__(self, init: float, slope: float) -> None:
         self.init, self.slope = float(init), float(slope)
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, is_update_step: bool = False) -> float:
         return self.init + self.slope * step
 
 
@@ -83,7 +121,7 @@ class Exp(Schedule):
     def __init__(self, init: float, gamma: float, final: float = 1.0) -> None:
         self.init, self.gamma, self.final = float(init), float(gamma), float(final)
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, is_update_step: bool = False) -> float:
         return self.final + (self.init - self.final) * math.exp(-self.gamma * step)
 
 
@@ -93,7 +131,7 @@ class Power(Schedule):
     def __init__(self, init: float, beta: float) -> None:
         self.init, self.beta = float(init), float(beta)
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, is_update_step: bool = False) -> float:
         return self.init * (step + 1) ** self.beta
 
 
@@ -106,7 +144,7 @@ class Cosine(Schedule):
             raise ValueError(f"half_period must be > 0, got {half_period}")
         self.init, self.half_period, self.minimum = float(init), float(half_period), float(minimum)
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, is_update_step: bool = False) -> float:
         t = min(step, self.half_period)
         return self.minimum + (self.init - self.minimum) * 0.5 * (
             1 + math.cos(math.pi * t / self.half_period)
@@ -123,7 +161,7 @@ class Cycling(Schedule):
             raise ValueError(f"period must be >= 1, got {period}")
         self.values, self.period = [float(v) for v in values], int(period)
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, is_update_step: bool = False) -> float:
         return self.values[(step // self.period) % len(self.values)]
 
 
@@ -135,13 +173,15 @@ class Lambda(Schedule):
             raise ValueError(f"a lambda schedule needs a callable, got {type(fn).__name__}")
         self.fn = fn
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, is_update_step: bool = False) -> float:
         return float(self.fn(step))
 
 
 class Polynomial(Schedule):
     """``final + (init - final) * (1 - p) ** power``, p the progress from ``begin_step`` to
-    ``end_step`` in whole blocks of ``every`` steps, clamped to [0, 1]."""
+    ``end_step`` counted in pruning periods of ``every`` steps (the periods step t,
+    ``begin_step`` and ``end_step`` fall in, as the cstorch blog's cubic counts them), clamped
+    to [0, 1]. With start 150, end 1150 and every 100, step 200 is one period of ten in."""
 
     def __init__(
         self, init: float, final: float, begin_step: int, end_step: int, power: float = 3.0, every: int = 1
@@ -153,9 +193,10 @@ class Polynomial(Schedule):
         self.init, self.final, self.power = float(init), float(final), float(power)
         self.begin_step, self.end_step, self.every = int(begin_step), int(end_step), int(every)
 
-    def __call__(self, step: int) -> float:
-        elapsed = max(0, step - self.begin_step) // self.every * self.every
-        progress = min(1.0, elapsed / (self.end_step - self.begin_step))
+    def __call__(self, step: int, is_update_step: bool = False) -> float:
+        first = self.begin_step // self.every
+        periods = max(1, self.end_step // self.every - first)
+        progress = min(1.0, max(0, int(step) // self.every - first) / periods)
         return self.final + (self.init - self.final) * (1.0 - progress) ** self.power
 
 
@@ -186,12 +227,40 @@ class PiecewiseConstant(Schedule):
             raise ValueError("sparsity_schedule must be a non-empty list of [step, value] pairs")
         self.points = sorted((int(s), float(v)) for s, v in points)
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, is_update_step: bool = False) -> float:
         value = self.points[0][1]
         for boundary, v in self.points:
             if step >= boundary:
                 value = v
         return value
+
+
+class PeriodicSchedule(Schedule):
+    """Another schedule repeated every ``period`` steps: ``schedule(t mod period)``, e.g. a drop
+    fraction that decays by cosine and restarts every 1000 steps. ``schedule`` is anything
+    ``make_schedule`` takes."""
+
+    def __init__(self, schedule: Any, period: int) -> None:
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ValueError(f"period must be an int >= 1, got {period!r}")
+        self.schedule, self.period = make_schedule(schedule), period
+
+    def __call__(self, step: int, is_update_step: bool = False) -> float:
+        return self.schedule.value_at(int(step) % self.period, is_update_step)
+
+
+class BaseHyperParameter(Schedule):
+    """cstorch's hyper-parameter protocol: ``__call__(step, is_update_step)`` receives a 0-d
+    int64 tensor and a 0-d bool tensor and returns a tensor (or number); ``TYPE`` is its name
+    in configs. Subclass it to drop a class written for ``cstorch.sparse`` in unchanged."""
+
+    registered = False
+
+    @abstractmethod
+    def __call__(self, step: torch.Tensor, is_update_step: torch.Tensor) -> torch.Tensor: ...
+
+    def value_at(self, step: int, is_update_step: bool = False) -> float:
+        return float(self(torch.tensor(int(step)), torch.tensor(bool(is_update_step))))
 
 
 def schedule_names() -> list[str]:

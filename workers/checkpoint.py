@@ -2,9 +2,14 @@
 
 A training checkpoint holds ``model`` (state_dict with the ``*_mask`` buffers), ``optimizer``,
 ``sparsity`` (the algorithm's state_dict), ``lr_scheduler``, ``rng``, ``data_position``,
-``step``, ``spec`` (the params as a dict), ``model_config``, ``tokenizer`` and
-``mask_hashes``. Everything is tensors and plain Python data, so ``torch.load`` runs with
-``weights_only=True``.
+``step``, ``phase_start`` (the step its training phase began, see workers/train.py), ``spec``
+(the params as a dict), ``model_config``, ``tokenizer`` and ``mask_hashes``. Everything is
+tensors and plain Python data, so ``torch.load`` runs with ``weights_only=True``.
+
+Other checkpoints load too, for their weights: a finalized one (``model`` only), cstorch's
+NaN-sentinel form (NaN at pruned positions, no masks; see ``sparsity.checkpoint``), a dense one
+into a sparse run (masks from the weights' magnitudes). :func:`load_model_state` says what to do
+when weights and params cannot go together.
 """
 
 from __future__ import annotations
@@ -89,3 +94,46 @@ def finalize_checkpoint(input_path: str | Path, output_path: str | Path, *, mode
         summary["csr"] = str(csr_path)
         summary["csr_params"] = len(csr)
     return summary
+
+
+# What an exact resume needs besides the weights; a checkpoint lacking any starts a new phase.
+TRAINING_KEYS = ("optimizer", "lr_scheduler", "rng", "data_position", "step")
+
+
+def sparsity_of(state: dict[str, Any]) -> Any:
+    """The ``sparsity`` section of the params a checkpoint was trained with (None: dense, or
+    not recorded)."""
+    spec = state.get("spec")
+    return spec.get("sparsity") if isinstance(spec, dict) else None
+
+
+def load_model_state(model: torch.nn.Module, algorithm: Any, state: dict[str, Any], source: str | Path,
+                     model_config: dict[str, Any]) -> dict[str, Any]:
+    """Loads a checkpoint's weights into ``model`` (sparsified by ``algorithm``, or dense when
+    it is None) and returns what was done, per sparse parameter ``{"saved": kept count or None
+    (no mask saved), "loaded": kept count}``. The sparse path moves masks to the algorithm's
+    current targets (``sparsity.checkpoint.load_into_sparse``); a mask-free checkpoint gets masks
+    from its weights' magnitudes, as a sparse run started from a dense model needs."""
+    from sparsity.checkpoint import MASK_SUFFIX, load_into_sparse, recover_masks
+
+    saved_config = state.get("model_config")
+    if saved_config is not None and saved_config != model_config:
+        raise ValueError(f"checkpoint {str(source)!r} was trained with model {saved_config}, "
+                         f"but the params build {model_config}")
+    weights = state["model"]
+    try:
+        if algorithm is not None:
+            return load_into_sparse(model, weights, algorithm, allow_dense=True)
+        masked = sorted(k[: -len(MASK_SUFFIX)] for k in recover_masks(weights) if k.endswith(MASK_SUFFIX))
+        if masked:
+            raise ValueError(
+                f"checkpoint {str(source)!r} is sparse (masks for {masked}) but the params have no "
+                "sparsity section. To continue it sparse, add the sparsity section it was trained "
+                f"with ({sparsity_of(state)!r} per its spec); to train or evaluate it dense, fold its "
+                "masks in first: csx finalize --input CHECKPOINT --output DENSE, then "
+                "runconfig.checkpoint_path: DENSE"
+            )
+        model.load_state_dict(weights)
+        return {}
+    except RuntimeError as err:  # load_state_dict's missing/unexpected keys or shapes
+        raise ValueError(f"checkpoint {str(source)!r} does not fit the model the params build: {err}") from None

@@ -1,20 +1,27 @@
 """The training loop: one explicit loop, the same on one process or on every data-parallel rank.
 
 Per optimizer step ``t`` (1-based), in order: LR for step t; forward/backward on this rank's
-slice of global batch t; ``all_reduce`` of the gradients (and the loss) across ranks;
-``alg.mask_gradients()``; gradient clipping; ``optimizer.step()`` (the sparsity hooks fire here
+slice of global batch t (the sparsity gradient hooks mask gradients before backward returns);
+``all_reduce`` of the gradients, the dense gradients captured for a mask update, and the loss
+across ranks; gradient clipping; ``optimizer.step()`` (the sparsity hooks fire here
 and update masks on update steps); mask hash on update steps; evaluation every
 ``eval_frequency``; checkpoint every ``checkpoint_steps`` (rank 0); metrics every ``log_steps``
 (rank 0, through the tracker).
 
 Resume is exact: the newest checkpoint in ``model_dir`` (else ``runconfig.checkpoint_path``)
 restores weights and masks, optimizer, sparsity state, LR scheduler, RNG and data position, so
-an interrupted run continues bit-identically.
+an interrupted run continues bit-identically. A run trains ``max_steps`` steps from the start of
+its *phase*. A checkpoint that cannot be resumed exactly (no optimizer state: a finalized or
+cstorch NaN-sentinel one) or a finished one under a changed ``sparsity`` section (iterative
+pruning) starts a new phase at its step: its weights (masks moved to the new level, or made from
+the weights of a dense checkpoint), data position and RNG, with a fresh optimizer, LR schedule
+and sparsity algorithm, for ``max_steps`` more steps (see ``_start``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,8 +31,9 @@ from typing import Any, Callable
 import torch
 
 from workers import checkpoint as ckpt
-from workers.data import BatchSampler, eval_batches
-from workers.job import build_sparse_model, lr_factor, make_optimizer, model_config, token_streams
+from workers.data import BatchSampler
+from workers.hdf5 import HDF5BatchSampler
+from workers.job import build_sparse_model, load_data, lr_lambda, make_optimizer, model_config
 from workers.perf import PerfProjector
 from workers.spec import JobSpec
 
@@ -49,33 +57,29 @@ class Run:
     alg: Any
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    sampler: BatchSampler
-    eval_data: list[tuple[torch.Tensor, torch.Tensor]]
+    sampler: BatchSampler | HDF5BatchSampler
+    eval_data: Any  # (inputs, targets) batches: a list, or workers.hdf5.HDF5EvalBatches
     config_dict: dict[str, Any]
     tokenizer_json: dict[str, Any]
     step: int = 0
+    phase_start: int = 0  # the step this training phase began; it ends max_steps later
+    end_step: int = 0
     best_eval_loss: float = math.inf
     mask_hashes: list[list[Any]] = field(default_factory=list)
 
 
 def _build(spec: JobSpec, model_dir: Path, rank: int, world_size: int) -> Run:
-    tokenizer, train_tokens, eval_tokens = token_streams(spec, model_dir, save_tokenizer_file=rank == 0)
-    config = model_config(spec, tokenizer.vocab_size)
+    data = load_data(spec, model_dir, rank=rank, world_size=world_size, save_tokenizer_file=rank == 0)
+    config = model_config(spec, data.vocab_size, data.sampler.seq_len)
     model, alg = build_sparse_model(spec, config)
     optimizer = make_optimizer(spec.optimizer, model)
     if alg is not None:
         alg.apply(optimizer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_factor(spec.optimizer, spec.runconfig.max_steps))
-    train_in, eval_in = spec.train_input, spec.eval_input
-    sampler = BatchSampler(train_tokens, batch_size=train_in.batch_size, seq_len=train_in.seq_len,
-                           seed=spec.runconfig.seed, shuffle=train_in.shuffle, rank=rank,
-                           world_size=world_size)
-    eval_data = eval_batches(eval_tokens, batch_size=eval_in.batch_size, seq_len=eval_in.seq_len,
-                             steps=spec.runconfig.eval_steps, rank=rank, world_size=world_size)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec.optimizer))
     return Run(spec=spec, model=model, alg=alg, optimizer=optimizer,
-               scheduler=scheduler, sampler=sampler, eval_data=eval_data,
-               config_dict=asdict(config), tokenizer_json=tokenizer.to_json())
+               scheduler=scheduler, sampler=data.sampler, eval_data=data.eval_data,
+               config_dict=asdict(config), tokenizer_json=data.tokenizer_json,
+               end_step=spec.runconfig.max_steps)
 
 
 CALIBRATION_FILE = "kernel_calibration.json"
@@ -121,7 +125,7 @@ def _compile(run: Run, world_size: int, rank: int, model_dir: Path, all_reduce: 
 
         policy = run.spec.runconfig.sparse_kernel
         calibration = _job_calibration(model_dir, all_reduce, write=rank == 0) if policy == "auto" else None
-        tokens = run.spec.train_input.batch_size // world_size * run.spec.train_input.seq_len
+        tokens = run.spec.train_input.batch_size // world_size * run.sampler.seq_len
         simulator.compile(run.model, algorithm=run.alg, tokens=tokens, kernel=policy,
                           calibration=calibration)
 
@@ -135,6 +139,7 @@ def _state(run: Run) -> dict[str, Any]:
         "rng": {"torch": torch.get_rng_state()},
         "data_position": run.sampler.state_dict(),
         "step": run.step,
+        "phase_start": run.phase_start,
         "spec": run.spec.model_dump(mode="json"),
         "model_config": run.config_dict,
         "tokenizer": run.tokenizer_json,
@@ -144,30 +149,77 @@ def _state(run: Run) -> dict[str, Any]:
 
 
 def _load_weights(run: Run, state: dict[str, Any], source: Path) -> None:
-    if state.get("model_config") != run.config_dict:
-        raise ValueError(f"checkpoint {str(source)!r} was trained with model {state.get('model_config')}, "
-                         f"but the spec builds {run.config_dict}")
-    if run.alg is None:
-        run.model.load_state_dict(state["model"])
-        return
-    from sparsity.checkpoint import load_into_sparse
-
-    if state.get("sparsity") is not None:
-        run.alg.load_state_dict(state["sparsity"])
-    # Same sparsity level: loads as saved; a changed level moves the masks to the new target.
-    load_into_sparse(run.model, state["model"], run.alg)
+    """Weights and masks, with the sparsity state when the checkpoint was trained under the
+    same sparsity section (else the algorithm only takes its step count; a changed level moves
+    the masks to the new target as they load)."""
+    if run.alg is not None and state.get("sparsity") is not None:
+        if ckpt.sparsity_of(state) == run.spec.model_dump(mode="json")["sparsity"]:
+            run.alg.load_state_dict(state["sparsity"])
+        else:
+            _set_algorithm_step(run.alg, int(state.get("step", 0)))
+    ckpt.load_model_state(run.model, run.alg, state, source, run.config_dict)
 
 
-def _restore(run: Run, path: Path) -> None:
-    state = ckpt.load_checkpoint(path)
+def _set_algorithm_step(alg: Any, step: int) -> None:
+    for member in getattr(alg, "members", [alg]):
+        member.step = step
+
+
+def _restore(run: Run, state: dict[str, Any], path: Path) -> None:
     _load_weights(run, state, path)
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["lr_scheduler"])
     torch.set_rng_state(state["rng"]["torch"])
     run.sampler.load_state_dict(state["data_position"])
     run.step = int(state["step"])
+    run.phase_start = int(state.get("phase_start", 0))
+    run.end_step = run.phase_start + run.spec.runconfig.max_steps
     run.best_eval_loss = float(state.get("best_eval_loss", math.inf))
     run.mask_hashes = list(state.get("mask_hashes", []))
+
+
+def _start_phase(run: Run, state: dict[str, Any], path: Path) -> None:
+    """A new phase at the checkpoint's step from its weights (and data position and RNG when
+    saved); optimizer, LR schedule and sparsity algorithm start fresh, the algorithm at its
+    step 0, so the sparsity section's steps count from the phase start."""
+    counts = ckpt.load_model_state(run.model, run.alg, state, path, run.config_dict)
+    if "data_position" in state:
+        run.sampler.load_state_dict(state["data_position"])
+    if "rng" in state:
+        torch.set_rng_state(state["rng"]["torch"])
+    run.step = run.phase_start = int(state.get("step", 0))
+    run.end_step = run.phase_start + run.spec.runconfig.max_steps
+    missing = [key for key in ckpt.TRAINING_KEYS if key not in state]
+    made = sorted(name for name, count in counts.items() if count["saved"] is None)
+    logging.getLogger("csx").info(
+        "new training phase from %s at step %d (steps %d-%d)%s%s", path, run.step, run.step + 1,
+        run.end_step, f"; not in the checkpoint: {missing}" if missing else "",
+        f"; masks made from weight magnitudes: {made}" if made else "")
+
+
+def _start(run: Run, folder: Path) -> None:
+    """What decides to resume. The newest checkpoint in model_dir, else checkpoint_path:
+    resumed exactly if it holds the full training state and its phase is not finished or the
+    sparsity section is unchanged; otherwise a new phase starts from its weights (a finalized
+    or cstorch checkpoint, a dense run's checkpoint under a sparse section, a finished run
+    re-run with another sparsity: iterative pruning)."""
+    path = ckpt.latest_checkpoint(folder) or run.spec.runconfig.checkpoint_path
+    if not path:
+        return
+    path = Path(path)
+    state = ckpt.load_checkpoint(path)
+    step = int(state.get("step", 0))
+    finished = step >= int(state.get("phase_start", 0)) + run.spec.runconfig.max_steps
+    changed = ckpt.sparsity_of(state) != run.spec.model_dump(mode="json")["sparsity"]
+    if any(key not in state for key in ckpt.TRAINING_KEYS) or (finished and changed):
+        _start_phase(run, state, path)
+        return
+    _restore(run, state, path)
+    if finished:
+        logging.getLogger("csx").warning(
+            "%s is already trained to step %d (runconfig.max_steps %d from step %d): nothing to "
+            "train. Raise max_steps to train further, or change the sparsity section to start a "
+            "new pruning phase.", path, step, run.spec.runconfig.max_steps, run.phase_start)
 
 
 @torch.no_grad()
@@ -225,10 +277,11 @@ def _optimizer_step(run: Run, params: list[torch.nn.Parameter], all_reduce: AllR
     loss.backward()
     step_loss = loss.detach().reshape(1).clone()  # float32: one collective with the grads
     if all_reduce is not None:
-        # Before clipping and the optimizer step: RigL must grow from the averaged gradient.
-        all_reduce([p.grad for p in params if p.grad is not None] + [step_loss])
-    if run.alg is not None:
-        run.alg.mask_gradients()
+        # Before clipping and the optimizer step. Gradients are masked already (the sparsity
+        # hooks ran in backward); on an update step RigL/GraNet grow from the averaged dense
+        # gradient the hooks captured, so it travels in the same collective.
+        dense = run.alg.captured_dense_grads() if run.alg is not None else []
+        all_reduce([p.grad for p in params if p.grad is not None] + dense + [step_loss])
     if run.spec.optimizer.max_gradient_norm:
         torch.nn.utils.clip_grad_norm_(params, run.spec.optimizer.max_gradient_norm)
     dense_grad = run.alg is not None and run.alg.needs_dense_grad()
@@ -242,16 +295,20 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
                  all_reduce: AllReduce | None, tracker: Any, progress: Callable[[dict], None] | None,
                  summary: dict[str, Any]) -> None:
     rc = run.spec.runconfig
-    global_tokens = run.spec.train_input.batch_size * run.spec.train_input.seq_len
+    global_tokens = run.spec.train_input.batch_size * run.sampler.seq_len
     params = [p for p in run.model.parameters() if p.requires_grad]
-    projector = PerfProjector(run.model, run.alg, seq_len=run.spec.train_input.seq_len,
+    projector = PerfProjector(run.model, run.alg, seq_len=run.sampler.seq_len,
                               global_tokens=global_tokens, num_csx=world_size)
     log = _MetricLog(tracker if rank == 0 else None)
     window_losses: list[float] = []
     train_seconds, steps_timed = 0.0, 0
     if run.alg is not None and not run.mask_hashes:
         run.mask_hashes.append([run.step, mask_hash(run.alg)])
-    while run.step < rc.max_steps:
+    if run.alg is not None and run.step == 0 and tracker is not None and rank == 0:
+        # The initial mask: Static's only one, and where every dynamic run starts from.
+        log.add(0, _sparsity_metrics(run.alg, 0))
+        tracker.log_mask_update(0, {n: m.clone() for n, _, m in run.alg.sparse_parameters()})
+    while run.step < run.end_step:
         lr = run.optimizer.param_groups[0]["lr"]
         started = time.perf_counter()
         step_loss, dense_grad = _optimizer_step(run, params, all_reduce)
@@ -260,38 +317,53 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
         window_losses.append(step_loss)
         summary["train_losses"].append([run.step, step_loss])
 
-        if run.alg is not None and run.alg.is_update_step(run.step):
+        if run.alg is not None and run.alg.is_update_step(run.alg.step):
             run.mask_hashes.append([run.step, mask_hash(run.alg)])
             if all_reduce is not None:
                 _check_replicas_agree(run.step, run.mask_hashes[-1][1], all_reduce)
-            log.add(run.step, run.alg.metrics())
+            log.add(run.step, _sparsity_metrics(run.alg, run.step))
             if tracker is not None and rank == 0:
                 tracker.log_mask_update(run.step, {n: m.clone() for n, _, m in run.alg.sparse_parameters()})
         if evaluate_periodically and rc.eval_frequency and run.step % rc.eval_frequency == 0:
             _record_eval(run, evaluate(run, all_reduce), summary, log)
-        is_last = run.step == rc.max_steps
+        is_last = run.step == run.end_step
+        log_step = is_last or run.step % rc.log_steps == 0
+        if log_step:
+            tokens_per_s = global_tokens * steps_timed / train_seconds
+            # host/: what this machine measured; perf/: the simulated CS-2's projection.
+            metrics = {"train/loss": sum(window_losses) / len(window_losses), "lr": lr,
+                       "host/tokens_per_s": tokens_per_s, **projector.metrics(dense_grad)}
+            if run.alg is None:
+                metrics["sparsity/global"] = 0.0  # so dense shows in the sparsity chart too
+            else:  # mask/* belong to update steps, logged there
+                metrics.update({k: v for k, v in _sparsity_metrics(run.alg, run.step).items()
+                                if not k.startswith("mask/")})
+            log.add(run.step, metrics)
+            log.flush()
+            window_losses.clear()
+            summary["train_loss"] = metrics["train/loss"]
+            summary["tokens_per_s"] = tokens_per_s
+            summary.update({k.removeprefix("perf/"): v for k, v in metrics.items()
+                            if k.startswith("perf/")})
         if rank == 0 and (is_last or (rc.checkpoint_steps and run.step % rc.checkpoint_steps == 0)):
             summary["checkpoint"] = str(ckpt.save_checkpoint(_state(run), ckpt.checkpoint_path(model_dir, run.step)))
-            if tracker is not None:  # what a resume would not log again must reach MLflow now
+            if tracker is not None:  # a resume starts after this step: its metrics must reach MLflow now
                 log.flush()
                 tracker.flush()
-        if run.step % rc.log_steps and not is_last:
-            continue
-        tokens_per_s = global_tokens * steps_timed / train_seconds
-        metrics = {"train/loss": sum(window_losses) / len(window_losses), "lr": lr,
-                   "perf/tokens_per_s": tokens_per_s, **projector.metrics(dense_grad)}
-        if run.alg is not None:  # mask/* belong to update steps, logged there
-            metrics.update({k: v for k, v in run.alg.metrics().items() if not k.startswith("mask/")})
-        log.add(run.step, metrics)
-        log.flush()
-        window_losses.clear()
-        summary["train_loss"] = metrics["train/loss"]
-        summary.update({k.removeprefix("perf/"): v for k, v in metrics.items() if k.startswith("perf/")})
-        if progress is not None:  # per log step: for the Ray runner each call is a round trip
-            progress({"step": run.step, "max_steps": rc.max_steps, "loss": metrics["train/loss"],
+        if log_step and progress is not None:  # per log step: for the Ray runner a round trip
+            progress({"step": run.step, "max_steps": run.end_step, "loss": metrics["train/loss"],
                       "lr": lr, "tokens_per_s": tokens_per_s,
-                      "eta_s": (rc.max_steps - run.step) * train_seconds / steps_timed})
+                      "eta_s": (run.end_step - run.step) * train_seconds / steps_timed})
     log.flush()
+
+
+def _sparsity_metrics(alg: Any, step: int) -> dict[str, float]:
+    """`alg.metrics()` with each layer's scheduled target at `step`: GraNet's update records
+    the levels its global pruning reached, which equal the actual ones."""
+    metrics = alg.metrics()
+    for name, level in alg.layer_targets(step).items():
+        metrics[f"sparsity/{name}/target"] = float(level)
+    return metrics
 
 
 def _record_eval(run: Run, metrics: dict[str, float], summary: dict[str, Any], log: _MetricLog) -> None:
@@ -344,12 +416,10 @@ def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, 
         for path in _checkpoints_to_evaluate(spec, folder, mode):
             state = ckpt.load_checkpoint(path)
             _load_weights(run, state, path)
-            run.step = int(state["step"])
+            run.step = int(state.get("step", 0))
             _record_eval(run, evaluate(run, all_reduce), summary, log)
     else:
-        start = ckpt.latest_checkpoint(folder) or spec.runconfig.checkpoint_path
-        if start:
-            _restore(run, Path(start))
+        _start(run, folder)
         _compile(run, world_size, rank, folder, all_reduce)
         _train_steps(run, world_size=world_size, rank=rank, model_dir=folder,
                      evaluate_periodically=mode == "train_and_eval", all_reduce=all_reduce,
@@ -366,6 +436,9 @@ def _finish(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
         import simulator
 
         summary["kernels"] = {d.name: d.kernel for d in simulator.decisions(run.model)}
+        # per-layer final densities: what a study projects onto the full-size model
+        summary["layer_density"] = {name: float(mask.float().mean())
+                                    for name, _, mask in run.alg.sparse_parameters()}
     if summary["eval_history"]:
         last = summary["eval_history"][-1]
         best = min(summary["eval_history"], key=lambda entry: entry["loss"])

@@ -38,6 +38,8 @@ class RigL(SET):
                 raise ValueError(f"{field} must be a positive int, got {value!r}")
         if balance_in_groups and balance_out_groups:
             raise ValueError("set at most one of balance_in_groups and balance_out_groups")
+        if (balance_in_groups or balance_out_groups) and kwargs.get("score_shaper") is not None:
+            raise ValueError("give either score_shaper or balance_in_groups / balance_out_groups")
         if balance_out_groups:
             self.shaper = OutputGroupScoreShaper(balance_out_groups)
         elif balance_in_groups:

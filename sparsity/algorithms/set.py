@@ -7,26 +7,41 @@ from typing import Any
 
 import torch
 
-from ..base import DynamicSparsityAlgorithm
+from ..base import DynamicSparsityAlgorithm, SparseParam
 from ..masks import ScoreFlattener, ScoreShaper, count_per_row, drop_minimum, grow_maximum, keep_count
 from ..schedules import make_schedule
 
 
+GROW_INITS = ("zeros", "random_normal", "initial_dist")
+
+
 class SET(DynamicSparsityAlgorithm):
     """Each update drops ``floor(df · nnz)`` smallest |w| among active entries and grows as many
-    uniformly at random among inactive ones (just-dropped allowed); grown weights start at 0.
+    uniformly at random among inactive ones (just-dropped allowed).
+
+    An entry dropped and grown back in the same update keeps its weight and optimizer state
+    (RigL's reference code: new connections are those grown *and* inactive before). Entries
+    grown from inactive start with zero optimizer state and the weight ``grow_init`` says, as
+    in RigL's reference code: ``"zeros"`` (default), ``"random_normal"`` (normal with the
+    standard deviation of the layer's weights kept by the update) or ``"initial_dist"`` (values
+    drawn from the layer's weights as they were when the algorithm was applied, shuffled).
 
     When the target level moves between updates the extra difference is dropped (or grown) in
     the same update, so nnz equals the scheduled target after every update (reference bug 5).
     """
 
-    # update_mask zeroes all it drops; a subclass replacing it without calling it sets False
-    zeroes_dropped = True
-
-    def __init__(self, sparsity: Any = None, *, update: Any = None, drop_fraction: Any = 0.3, **kwargs: Any) -> None:
+    def __init__(self, sparsity: Any = None, *, update: Any = None, drop_fraction: Any = 0.3,
+                 grow_init: str = "zeros", score_shaper: ScoreShaper | None = None, **kwargs: Any) -> None:
+        if grow_init not in GROW_INITS:
+            raise ValueError(f"grow_init must be one of {list(GROW_INITS)}, got {grow_init!r}")
+        if score_shaper is not None and not isinstance(score_shaper, ScoreShaper):
+            raise ValueError(f"score_shaper must be a sparsity.ScoreShaper, got {score_shaper!r}")
         super().__init__(sparsity, update=update, **kwargs)
         self.drop_fraction = make_schedule(drop_fraction, period=self.update_schedule.period)
-        self.shaper: ScoreShaper = ScoreFlattener()
+        # drop and grow compete within each group the shaper makes (one group: the whole tensor)
+        self.shaper: ScoreShaper = score_shaper or ScoreFlattener()
+        self.grow_init = grow_init
+        self._initial_values: dict[str, torch.Tensor] = {}
 
     def drop_score(self, p: torch.nn.Parameter) -> torch.Tensor:
         return p.detach().abs()
@@ -35,7 +50,7 @@ class SET(DynamicSparsityAlgorithm):
         return torch.rand(p.shape, generator=self.generator(p))
 
     def update_mask(self, p: torch.nn.Parameter, mask: torch.Tensor, sparsity: float) -> torch.Tensor:
-        fraction = float(self.drop_fraction(self.step))
+        fraction = self.drop_fraction.value_at(self.step, True)
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"drop_fraction must be in [0, 1] at step {self.step}, got {fraction!r}")
         grouped = self.shaper.shape(mask)
@@ -47,9 +62,38 @@ class SET(DynamicSparsityAlgorithm):
         # drop_minimum drops exactly n_drop per group, so what is left needs no counting
         n_grow = torch.tensor([target - (n - d) for n, d in zip(nnz, n_drop)])
         grown = grow_maximum(self.shaper.shape(self.grow_score(p)), kept, n_grow, ties)
-        # Zero everything the drop removed before returning the grown mask: an entry regrown in
-        # this same update starts from zero like any other grown entry.
-        self.zero_outside(p, self.shaper.unshape(kept, mask.shape))
         return self.shaper.unshape(grown, mask.shape)
+
+    def _before_first_mask(self, params: list[SparseParam]) -> None:
+        if self.grow_init == "initial_dist":  # loaded by load_state_dict on a resume
+            self._initial_values = {sp.name: sp.param.detach().clone() for sp in params}
+
+    @torch.no_grad()
+    def initialize_grown(self, p: torch.nn.Parameter, grown: torch.Tensor, old_mask: torch.Tensor) -> None:
+        if self.grow_init == "zeros" or not bool(grown.any()):
+            return
+        name = self._name_of(p)
+        generator = self.generator(name, purpose="grow_init")
+        if self.grow_init == "random_normal":
+            kept = p.detach()[old_mask & self.sparse_params[name].mask]
+            std = float(kept.float().std()) if kept.numel() > 1 else 0.0
+            values = torch.randn(p.shape, generator=generator) * std
+        else:
+            initial = self._initial_values[name].reshape(-1)
+            values = initial[torch.randperm(initial.numel(), generator=generator)].reshape(p.shape)
+        p.copy_(torch.where(grown, values.to(device=p.device, dtype=p.dtype), p))
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self._initial_values:
+            state["initial_values"] = {name: value.clone() for name, value in self._initial_values.items()}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        initial = state.pop("initial_values", None)
+        super().load_state_dict(state)
+        if initial is not None:
+            self._initial_values = {name: value.clone() for name, value in initial.items()}
 
 

@@ -284,12 +284,14 @@ def test_registered_custom_algorithm_is_configurable() -> None:
         configure({"algorithm": "configtestcustom", "sparsity": 0.5, "knobs": 7})
 
 
-def test_wrapper_returns_the_hooked_optimizer() -> None:
+def test_wrapper_is_a_drop_in_optimizer_over_the_hooked_one() -> None:
     model = make_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    assert configure_sparsity_wrapper(model, optimizer, {"sparsity": 0.5}) is optimizer
+    inner = torch.optim.AdamW(model.parameters(), lr=0.1)
+    optimizer = configure_sparsity_wrapper(model, inner, {"sparsity": 0.5})
+    assert isinstance(optimizer, torch.optim.Optimizer) and optimizer.param_groups is inner.param_groups
     model(torch.tensor([[1, 2, 3]])).sum().backward()
     optimizer.step()
+    assert "sparsity" in optimizer.state_dict() and optimizer.state is inner.state
     for name, mask in masks(model).items():
         weight = model.get_parameter(name)
         assert torch.all(weight[~mask] == 0) and weight[mask].ne(0).all()

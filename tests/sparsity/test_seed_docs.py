@@ -174,5 +174,5 @@ def test_custom_dynamic_algorithm_configured_by_name():
     assert alg.calls == [2, 2, 4, 4]  # once per sparse parameter, on update steps only
     for name, mask in masks_of(model).items():
         assert int(mask.sum()) == keep_count(mask.numel(), 0.5), name
-    with pytest.raises(ValueError, match=r"'magnitudesparsityy'.*known:.*'magnitudesparsity'"):
+    with pytest.raises(ValueError, match=r"'MagnitudeSparsityy'.*known:.*'magnitudesparsity'"):
         sparsity.configure({"algorithm": "MagnitudeSparsityy", "sparsity": 0.5})

@@ -310,7 +310,7 @@ def test_study_through_the_compose_topology(topology: Topology,
     rigl = by_id[jobs[1].mlflow_run_id]
     assert rigl["params"]["target_sparsity"] == "0.8"
     assert rigl["metrics"]["sparsity/global"] == pytest.approx(0.8, abs=0.02)
-    assert "sparsity/global" not in by_id[jobs[0].mlflow_run_id]["metrics"]  # dense
+    assert by_id[jobs[0].mlflow_run_id]["metrics"]["sparsity/global"] == 0.0  # dense
     # Artifacts went through the server (--serve-artifacts) into its local folder.
     stored = {path.name for path in topology.artifacts_dir.rglob("*") if path.is_file()}
     assert {"params.yaml", "study_report.json", "masks.npz"} <= stored

@@ -70,17 +70,21 @@ def test_plan_numbers_follow_the_file():
     assert {layer["sparsity"] for layer in granet["layers"] if layer["sparse"]} == {0.5}  # cubic starts at 50%
 
 
-def test_7b_validates_in_seconds_under_1_gb_of_memory():
-    code = ("import resource, sys, time; from workers import cli; t = time.perf_counter(); "
+def test_7b_validates_under_1_gb_of_memory():
+    # VmHWM is the peak RSS of this process's own address space. ru_maxrss is not: Linux folds
+    # the parent's high-water mark into it at exec, so under a large pytest process it reports
+    # the parent's size.
+    code = ("from workers import cli; "
             f"rc = cli.main(['run', '--params', {str(MODELZOO / 'params_llama2_7b_rigl80.yaml')!r}, "
             "'--num_csx', '16', '--validate_only']); "
-            "print(json.dumps({'rc': rc, 'seconds': time.perf_counter() - t, "
-            "'peak_kb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))")
+            "status = open('/proc/self/status').read(); "
+            "peak_kb = int(status.split('VmHWM:')[1].split()[0]); "
+            "print(json.dumps({'rc': rc, 'peak_kb': peak_kb}))")
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True,
                          text=True, check=True, env={"OMP_NUM_THREADS": "1", "PATH": ""}).stdout
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["rc"] == 0 and result["peak_kb"] < 1024 * 1024  # ru_maxrss is in KiB on Linux
-    assert result["seconds"] < 120  # ~4 s on an idle 2-core machine, mostly importing torch
+    assert result["rc"] == 0
+    assert 100 * 1024 < result["peak_kb"] < 1024 * 1024  # torch alone is > 100 MB: a real reading
 
 
 def test_training_what_cannot_fit_is_refused_with_the_estimate(capsys):

@@ -10,15 +10,10 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from service.studies import INITIAL_DROP_FRACTION, UPDATE_STOP_FRACTION
+from service.schemas import StudyReportRow
+from service.studies import aggregate
 
 STUDY_VARIANTS = ("dense", "static", "set", "rigl", "granet")
-# Cerebras' published perplexity orderings (lower is better), as (better, worse) pairs.
-PUBLISHED_PAIRS = (("dense", "rigl"), ("rigl", "set"), ("set", "static"), ("granet", "rigl"))
-# A GPT-3 XL-sized decoder (Brown et al. 2020) for projecting each variant's final density at a
-# scale where the wafer is compute- or I/O-bound rather than overhead-bound.
-LARGE_SHAPE = {"n_layer": 24, "d_model": 2048, "d_ff": 8192, "vocab_size": 50257, "seq_len": 2048}
-LARGE_BATCH_SEQUENCES = 512
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
@@ -35,7 +30,9 @@ def last_value(run: dict[str, Any], name: str) -> float | None:
     return points[-1][1] if points else None
 
 
-def render(data: dict[str, Any], docs: Path) -> None:
+def render(data: dict[str, Any], docs: Path, cause: dict[str, Any] | None = None) -> None:
+    """docs/results.md: with `cause` (bench/results/rigl_cause.json) first the cause table, the
+    chosen defaults and the study under them (bench/cause_report.py), then `make results`."""
     images = docs / "images"
     images.mkdir(parents=True, exist_ok=True)
     by_variant: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -45,10 +42,15 @@ def render(data: dict[str, Any], docs: Path) -> None:
     _curves_png(by_variant, study, images / "perplexity_curves.png")
     _layer_sparsity_png(by_variant, images / "layer_sparsity_granet_vs_rigl.png")
     first = by_variant["dense"][0]
-    lines = [
-        "# Results: the reference study over seeds",
+    lines = ["# Results: the reference study over seeds", ""]
+    if cause is not None:
+        from bench.cause_report import cause_section
+
+        lines += [*cause_section(cause), ""]
+    lines += [
+        "## `make results`: the study through the service's training loop",
         "",
-        "Regenerate everything on this page (numbers, tables, images) with",
+        "Regenerate this section (numbers, tables, images) with",
         "",
         "```bash",
         "make results     # = .venv/bin/python bench/study_results.py --seeds 0,1,2",
@@ -66,7 +68,7 @@ def render(data: dict[str, Any], docs: Path) -> None:
         "replicas and averages their gradients, which is the same update up to float rounding, "
         "so the seeds were run without Ray to fit the machine.",
         "",
-        "## Validation perplexity (mean ± sd over seeds)",
+        "### Validation perplexity (mean ± sd over seeds)",
         "",
         "| variant | final ppl | best ppl | seeds | final ppl per seed |",
         "|---|---|---|---|---|",
@@ -77,15 +79,15 @@ def render(data: dict[str, Any], docs: Path) -> None:
         lines.append(f"| {name} | {fmt([r['final_ppl'] for r in runs])} | "
                      f"{fmt([r['best_ppl'] for r in runs])} | {len(runs)} | {per_seed} |")
     lines += ["", "![perplexity curves](images/perplexity_curves.png)", "",
-              "## Against the published orderings", "",
-              *_ordering_lines(by_variant, study, first["max_steps"]), "",
-              "## Per-layer sparsity over time: GraNet vs RigL (seed "
+              "### Against the published orderings", "",
+              *_ordering_lines(by_variant, study), "",
+              "### Per-layer sparsity over time: GraNet vs RigL (seed "
               f"{data['seeds'][0]})", "",
               "![per-layer sparsity](images/layer_sparsity_granet_vs_rigl.png)", "",
               "RigL keeps every layer at its uniform 80% target from step 0; GraNet starts at 50% "
               "and prunes globally (by magnitude across layers) on the cubic schedule, so layers "
               "end at different sparsities with the same 80% overall.", "",
-              "## Mask churn and ITOP rate", "",
+              "### Mask churn and ITOP rate", "",
               "Churn: fraction of active positions that changed at an update, averaged over the "
               "updates of a run. ITOP rate: share of all weights that were ever active "
               "(in-time over-parameterisation), at the end of the run.", "",
@@ -98,7 +100,7 @@ def render(data: dict[str, Any], docs: Path) -> None:
         updates = len(runs[0]["metrics"].get("mask/churn", []))
         lines.append(f"| {name} | {updates} | {fmt(churn, '.4f') if churn else '— (fixed mask)'} "
                      f"| {fmt(itop, '.3f') if itop else '— (fixed mask)'} |")
-    lines += ["", "## Projected CS-2 speed-up over dense", "", *_speedup_lines(by_variant, study),
+    lines += ["", "### Projected CS-2 speed-up over dense", "", *_speedup_lines(by_variant, study),
               "", *_sparse_wide_lines(by_variant), ""]
     (docs / "results.md").write_text("\n".join(lines), encoding="utf-8")
 
@@ -109,55 +111,34 @@ def _cpu_count() -> int:
     return os.cpu_count() or 1
 
 
-def _ordering_lines(by_variant: dict[str, list[dict]], study: list[str],
-                    steps: int) -> list[str]:
-    means = {name: mean_sd([r["final_ppl"] for r in by_variant[name]]) for name in study}
-    ranked = sorted(study, key=lambda name: means[name][0])
-    lines = ["Our order, best first (mean final perplexity): "
-             + " < ".join(f"{n} ({means[n][0]:.3f})" for n in ranked) + ".", "",
-             "Cerebras reports dense < RigL < SET < Static at 80% and GraNet 50→80% below "
-             "RigL 80%. Pair by pair (a gap counts as real when it exceeds the larger of the two "
-             "seed-to-seed standard deviations):", ""]
-    for better, worse in PUBLISHED_PAIRS:
-        if better not in means or worse not in means:
-            continue
-        gap = means[worse][0] - means[better][0]
-        noise = max(means[better][1], means[worse][1])
-        verdict = "agrees" if gap > 0 else "disagrees"
-        strength = "real" if abs(gap) > noise else "within seed noise"
-        lines.append(f"- {better} < {worse}: **{verdict}** ({worse} − {better} = {gap:+.3f}, "
-                     f"sd {noise:.3f}: {strength})")
-    itop = {name: statistics.fmean(last_value(r, "mask/itop_rate") for r in by_variant[name])
-            for name in ("set", "rigl") if by_variant[name][0]["metrics"].get("mask/itop_rate")}
-    updates = max(len(r["metrics"].get("mask/churn", [])) for runs in by_variant.values()
-                  for r in runs)
-    lines += ["", "Why ours can differ: the published runs train GPT-scale models for many "
-              "thousands of steps; here a 2-layer, 64-wide model trains "
-              f"{steps:,} steps with the service's study defaults ({updates} mask updates "
-              f"until {UPDATE_STOP_FRACTION:.0%} of training, drop fraction decaying from "
-              f"{INITIAL_DROP_FRACTION} on RigL's cosine schedule; `service/studies.py`)."]
-    if {"set", "rigl"} <= means.keys() and means["set"][0] < means["rigl"][0] and len(itop) == 2:
-        lines[-1] += (" SET ahead of RigL is the main disagreement. A plausible cause, which we "
-                      "did not isolate: RigL regrows where the dense gradient is largest, and "
-                      "in layers this small that keeps returning to the same positions, while "
-                      "SET's random regrowth explores more of them (share of weights ever "
-                      f"active at the end: RigL {itop['rigl']:.2f}, SET {itop['set']:.2f}); "
-                      "in-time over-parameterisation (Liu et al. 2021) links more exploration "
-                      "to better sparse models.")
-    if {"static", "rigl"} <= means.keys() and means["rigl"][0] > means["static"][0]:
-        lines[-1] += (" RigL also ends behind Static here, which no published result shows: "
-                      "each of its updates replaces weights the run has trained by new ones "
-                      "starting from zero, and at 1,000 steps the regrown weights have little "
-                      "time to catch up. We report it as measured; a longer run or fewer "
-                      "updates may reverse it, and we did not test that.")
-    lines[-1] += (" Dense beating every sparse variant holds at any scale; GraNet 50→80% "
-                  "trains denser than 80% for most of the run.")
+def comparison_lines(runs: dict[str, list[float]]) -> list[str]:
+    """The ordering of `runs` (variant -> final perplexity per seed) and each pair's gap against
+    seed noise, by the same `service.studies.aggregate` a study's report uses."""
+    rows = [StudyReportRow(job_id=0, variant=name, status="SUCCEEDED", final_eval_perplexity=p,
+                           best_eval_perplexity=p, projected_speedup=None, wall_time_s=None,
+                           seed=seed)
+            for name, values in runs.items() for seed, p in enumerate(values)]
+    summaries, gaps = aggregate(rows)
+    ranked = sorted(summaries, key=lambda s: s.final_eval_perplexity_mean)
+    lines = ["Order, best first (mean final perplexity): " + " < ".join(
+        f"{s.variant} ({s.final_eval_perplexity_mean:.3f})" for s in ranked) + ".", "",
+        "Cerebras reports dense < RigL < SET < Static at 80% and GraNet 50→80% below RigL 80%. "
+        "Each pair (a gap is real when it exceeds the larger of the two seed-to-seed standard "
+        "deviations; `service/studies.py:aggregate`, the same check a study's report makes):", ""]
+    for gap in sorted(gaps, key=lambda g: (g.published is None, -g.gap)):
+        verdict = f"**{gap.published}** with the published order, " if gap.published else ""
+        lines.append(f"- {gap.better} < {gap.worse}: {verdict}gap {gap.gap:+.3f}, sd "
+                     f"{gap.noise:.3f}: {'real' if gap.exceeds_noise else 'within seed noise'}")
     return lines
 
 
-def _speedup_lines(by_variant: dict[str, list[dict]], study: list[str]) -> list[str]:
-    from simulator.cost_model import WaferScaleCluster, gpt_layer_shapes, project_step
+def _ordering_lines(by_variant: dict[str, list[dict]], study: list[str]) -> list[str]:
+    return comparison_lines({name: [r["final_ppl"] for r in sorted(by_variant[name],
+                                                                  key=lambda r: r["seed"])]
+                             for name in study})
 
+
+def _speedup_lines(by_variant: dict[str, list[dict]], study: list[str]) -> list[str]:
     systems = list(by_variant["dense"][0]["speedup"])
     header = "| variant | " + " | ".join(f"num_csx {n}" for n in systems) + " |"
     rule = "|---|" + "---|" * len(systems)
@@ -167,23 +148,20 @@ def _speedup_lines(by_variant: dict[str, list[dict]], study: list[str]) -> list[
         runs = by_variant[name]
         lines.append(f"| {name} | " + " | ".join(
             f"{fmt([r['speedup'][n] for r in runs], '.4f')}×" for n in systems) + " |")
-    tokens = LARGE_BATCH_SEQUENCES * LARGE_SHAPE["seq_len"]
     lines += ["", "The tiny model is overhead-bound on a wafer: its step is microseconds of "
               "compute next to the fixed per-layer latency and the 1 ms sync, so sparsity "
-              "cannot show. The same final densities on a GPT-3 XL-shaped decoder "
-              f"(24 layers, d_model 2048, d_ff 8192, {LARGE_BATCH_SEQUENCES} × 2048 tokens per "
-              "step; attention scores and LM head dense), uniform over the sparse layers:", "",
-              header.replace("variant |", "variant | final density |"),
-              rule + "---|"]
-    for name in study:
-        density = 1.0 - statistics.fmean(
-            last_value(r, "sparsity/global") or 0.0 for r in by_variant[name])
-        layers = gpt_layer_shapes(**LARGE_SHAPE, density=density)
-        cells = [project_step(layers, tokens, WaferScaleCluster(num_csx=int(n))).speedup_vs_dense
-                 for n in systems]
-        lines.append(f"| {name} | {density:.3f} | " + " | ".join(f"{c:.2f}×" for c in cells)
-                     + " |")
-    return lines
+              "cannot show (hence ≈ 1.00× for every variant).", ""]
+    from bench.cause_report import full_size_lines
+
+    trained = {name: _final_densities(by_variant[name]) for name in study}
+    return lines + full_size_lines(trained, "final masks, mean over seeds")
+
+
+def _final_densities(runs: list[dict]) -> dict[str, float]:
+    """Each sparse layer's final density, mean over the runs (from its sparsity/<layer>/actual)."""
+    names = [m for m in runs[0]["metrics"] if m.startswith("sparsity/") and m.endswith("/actual")]
+    return {m.removeprefix("sparsity/").removesuffix("/actual"):
+            1.0 - statistics.fmean(last_value(r, m) for r in runs) for m in names}
 
 
 def _sparse_wide_lines(by_variant: dict[str, list[dict]]) -> list[str]:
@@ -191,7 +169,7 @@ def _sparse_wide_lines(by_variant: dict[str, list[dict]]) -> list[str]:
     if not wide:
         return []
     dense = by_variant["dense"][0]
-    lines = ["## Sparse-Wide (Sparse-IFT) RigL at equal FLOPs", "",
+    lines = ["### Sparse-Wide (Sparse-IFT) RigL at equal FLOPs", "",
              "Sparse-Wide widens every block projection by k = 1/√(1 − s) so that each sparse "
              "layer has the dense layer's FLOPs; embeddings and the LM head stay dense "
              f"(seed {dense['seed']}, same steps and data).", "",

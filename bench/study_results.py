@@ -59,8 +59,9 @@ def run_specs(steps: int | None, seeds: list[int]) -> list[dict[str, Any]]:
     if steps is not None:
         body["runconfig"] = {**body["runconfig"], "max_steps": steps,
                              "eval_frequency": max(1, steps // 10)}
-    study = StudyCreate.model_validate({k: body.pop(k) for k in ("name", "algorithms",
-                                                                  "sparsity")} | {"params": body})
+    from service.api.body import nest_params
+
+    study = StudyCreate.model_validate(nest_params(body, StudyCreate))
     base = study.params.model_dump(mode="json")
     max_steps = study.params.runconfig.max_steps
     tasks = []
@@ -96,8 +97,8 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     wall_s = time.perf_counter() - started
     model, _ = build_sparse_model(spec, ModelConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
-    tokens = spec.train_input.batch_size * spec.train_input.seq_len
-    projections = {str(n): project(model, seq_len=spec.train_input.seq_len, global_tokens=tokens,
+    tokens = spec.train_input.batch_size * spec.train_input.max_sequence_length
+    projections = {str(n): project(model, seq_len=spec.train_input.max_sequence_length, global_tokens=tokens,
                                    num_csx=n).speedup_vs_dense for n in PROJECTED_SYSTEMS}
     print(f"{task['variant']:<22} seed {task['seed']}: final ppl "
           f"{summary['final_eval_perplexity']:.3f} in {wall_s:.0f} s", flush=True)
@@ -105,7 +106,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
             "final_ppl": summary["final_eval_perplexity"],
             "best_ppl": summary["best_eval_perplexity"],
             "eval_history": summary["eval_history"], "metrics": recorder.metrics,
-            "speedup": projections,
+            "speedup": projections, "layer_density": summary.get("layer_density", {}),
             "params": sum(p.numel() for p in model.parameters()),
             "max_steps": spec.runconfig.max_steps}
 
@@ -130,7 +131,9 @@ def main() -> int:
                                        "runs": runs}, indent=1))
     from bench.study_report import render
 
-    render(json.loads(RESULTS.read_text()), DOCS)
+    cause = RESULTS.with_name("rigl_cause.json")
+    render(json.loads(RESULTS.read_text()), DOCS,
+           json.loads(cause.read_text()) if cause.exists() else None)
     print(f"wrote {DOCS / 'results.md'}")
     return 0
 

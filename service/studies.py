@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import base64
+import csv
+import io
+import statistics
 import tempfile
+from collections import defaultdict
+from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
+from urllib.parse import quote
 
-from service.models import Study
-from service.schemas import StudyCreate, StudyReport, StudyReportRow
+from service.full_size import full_size_report
+from service.models import Job, Study
+from service.schemas import (
+    StudyCreate,
+    StudyGap,
+    StudyReport,
+    StudyReportRow,
+    StudyVariantSummary,
+)
 from service.settings import Settings
 from service.states import TERMINAL, JobStatus
 from workers.spec import JobSpec
@@ -18,6 +31,35 @@ UPDATE_STOP_FRACTION = 0.75
 UPDATES_PER_RUN = 10
 GRANET_INIT_SPARSITY = 0.5
 INITIAL_DROP_FRACTION = 0.3
+# Cerebras' published perplexity orderings at 80% (lower first), as (better, worse) pairs:
+# dense < RigL < SET < Static, and GraNet 50->80% below RigL.
+PUBLISHED_PAIRS = (("dense", "rigl"), ("rigl", "set"), ("set", "static"), ("granet", "rigl"))
+
+
+def _transitive(pairs: Sequence[tuple[str, str]]) -> frozenset[tuple[str, str]]:
+    closure = set(pairs)
+    while extra := {(a, d) for a, b in closure for c, d in closure if b == c} - closure:
+        closure |= extra
+    return frozenset(closure)
+
+
+PUBLISHED_ORDER = _transitive(PUBLISHED_PAIRS)  # e.g. RigL < Static follows from the pairs
+# One colour per variant, in study order (matplotlib's tab10), as the runs' `mlflow.runColor`
+# tag and in the study figures: MLflow's own pick gave two of five variants the same colour.
+VARIANT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+# The parent run's description (MLflow shows it on the run page): how to compare.
+COMPARE_NOTE = (
+    "Study **{name}**: one nested run per variant, named after it, in its own colour, tagged "
+    "`csx.variant`, `csx.algorithm`, `csx.study_id`, `csx.job_id`.\n\n"
+    "**[Compare the variants]({link})**: the chart view of this study's variants only "
+    "(eval/perplexity, eval/loss, train/loss, sparsity, projected CS-2 performance), best "
+    "final perplexity first. With several seeds, *Group by* `csx.variant` there.\n\n"
+    "Artifacts of this run: `study_report.json`, `study_summary.csv` (one row per variant and "
+    "seed), `study_perplexity.png`, `study_tradeoff.png`, `study_spec.json`.")
+# The experiment's description, kept only while csx wrote it (a user's own stays untouched).
+EXPERIMENT_NOTE = "csx-sparse study **{name}**: [compare its variants]({link})."
+NOTE_TAG = "mlflow.note.content"
 
 
 def variant_sparsity(algorithm: str, level: float | None, max_steps: int) -> Any:
@@ -42,13 +84,60 @@ def variants(study_in: StudyCreate) -> list[tuple[str, Any]]:
     if study_in.variants is not None:
         return [(v.name, v.sparsity) for v in study_in.variants]
     max_steps = study_in.params.runconfig.max_steps
-    return [(name, variant_sparsity(name, study_in.sparsity, max_steps))
-            for name in study_in.algorithms or []]
+    options = study_in.algorithm_options or {}
+    sections = []
+    for name in study_in.algorithms or []:
+        section = variant_sparsity(name, study_in.sparsity, max_steps)
+        if name in options:  # the schema admits options for sparse algorithms only
+            section = {**section, **options[name]}
+        sections.append((name, section))
+    return sections
 
 
-def variant_spec(base: JobSpec, sparsity: Any) -> JobSpec:
-    """The base spec with another sparsity section; seed, data and model stay shared."""
-    return JobSpec.model_validate({**base.model_dump(mode="json"), "sparsity": sparsity})
+def study_jobs(study_in: StudyCreate) -> list[tuple[str, int | None, Any]]:
+    """(variant name, seed, sparsity section) for every job: each variant once per seed of
+    `seeds`, or once at the spec's own runconfig.seed (seed None)."""
+    return [(name, seed, section) for seed in study_in.seeds or [None]
+            for name, section in variants(study_in)]
+
+
+def variant_spec(base: JobSpec, sparsity: Any, seed: int | None = None) -> JobSpec:
+    """The base spec with another sparsity section (and seed); data and model stay shared."""
+    params = {**base.model_dump(mode="json"), "sparsity": sparsity}
+    if seed is not None:
+        params["runconfig"] = {**params["runconfig"], "seed": seed}
+    return JobSpec.model_validate(params)
+
+
+def aggregate(rows: Sequence[StudyReportRow]) -> tuple[list[StudyVariantSummary], list[StudyGap]]:
+    """Mean ± sd of the final eval perplexity per variant (over its seeds) and, for every pair
+    of variants, the gap between their means and whether it exceeds seed noise (the larger of
+    the two sds, each from at least 2 runs), checked against the published order where there
+    is one. Variants keep their first-seen order; a pair lists the lower mean first."""
+    by_variant: dict[str, list[StudyReportRow]] = defaultdict(list)
+    for row in rows:
+        by_variant[row.variant].append(row)
+    summaries = []
+    for name, group in by_variant.items():
+        ppl = [r.final_eval_perplexity for r in group if r.final_eval_perplexity is not None]
+        speedups = [r.projected_speedup for r in group if r.projected_speedup is not None]
+        summaries.append(StudyVariantSummary(
+            variant=name, runs=len(ppl),
+            final_eval_perplexity_mean=statistics.fmean(ppl) if ppl else None,
+            final_eval_perplexity_sd=statistics.stdev(ppl) if len(ppl) > 1 else None,
+            projected_speedup_mean=statistics.fmean(speedups) if speedups else None))
+    measured = [s for s in summaries if s.final_eval_perplexity_mean is not None]
+    gaps = []
+    for a, b in combinations(measured, 2):
+        better, worse = sorted((a, b), key=lambda s: s.final_eval_perplexity_mean)
+        gap = worse.final_eval_perplexity_mean - better.final_eval_perplexity_mean
+        noise = max(better.final_eval_perplexity_sd or 0.0, worse.final_eval_perplexity_sd or 0.0)
+        published = ("agrees" if (better.variant, worse.variant) in PUBLISHED_ORDER else
+                     "disagrees" if (worse.variant, better.variant) in PUBLISHED_ORDER else None)
+        gaps.append(StudyGap(better=better.variant, worse=worse.variant, gap=gap, noise=noise,
+                             exceeds_noise=min(better.runs, worse.runs) > 1 and gap > noise,
+                             published=published))
+    return summaries, gaps
 
 
 def open_parent_run(settings: Settings, study: Study) -> tuple[str, str]:
@@ -58,8 +147,57 @@ def open_parent_run(settings: Settings, study: Study) -> tuple[str, str]:
     from workers.tracking import create_run
 
     run_id = create_run(study.experiment, tracking_uri=settings.mlflow_tracking_uri,
-                        run_name=study.name, tags={"csx.study_id": str(study.id)})
-    return MlflowClient(settings.mlflow_tracking_uri).get_run(run_id).info.experiment_id, run_id
+                        run_name=study.name, tags={"csx.study_id": str(study.id),
+                                                   "csx.role": "study"})
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    experiment_id = client.get_run(run_id).info.experiment_id
+    link = compare_link(experiment_id, study.id)
+    client.set_tag(run_id, NOTE_TAG, COMPARE_NOTE.format(name=study.name, link=link))
+    note = client.get_experiment(experiment_id).tags.get(NOTE_TAG)
+    if note is None or note.startswith(EXPERIMENT_NOTE.split("{", 1)[0]):
+        client.set_experiment_tag(experiment_id, NOTE_TAG,
+                                  EXPERIMENT_NOTE.format(name=study.name, link=link))
+    client.log_dict(run_id, study.request, "study_spec.json")
+    return experiment_id, run_id
+
+
+def compare_link(experiment_id: str, study_id: int) -> str:
+    """The MLflow UI route (after the UI's address) to the chart view of a study's variants.
+
+    Filtering on the variants' tags keeps the parent run, which has no per-step metrics, out of
+    every chart and legend; sorting by a metric instead of start time stops MLflow nesting the
+    variants under a collapsed parent.
+    """
+    search = f"tags.`csx.study_id` = '{study_id}' and tags.`csx.role` = 'variant'"
+    return (f"#/experiments/{experiment_id}/runs?compareRunsMode=CHART"
+            f"&orderByKey={quote('metrics.`eval/perplexity`')}&orderByAsc=true"
+            f"&searchFilter={quote(search)}")
+
+
+def compare_url(parent_run_url: str, study_id: int) -> str:
+    """`compare_link` as a full address, from the study's parent-run URL (its `mlflow_url`)."""
+    ui, _, route = parent_run_url.partition("/#/experiments/")
+    return f"{ui}/{compare_link(route.split('/', 1)[0], study_id)}"
+
+
+def variant_colour(study: Study, variant: str) -> str:
+    """The colour of `variant`: its place among the study's variants (first-seen order)."""
+    names = list(dict.fromkeys(j.tags.get("csx.variant", j.name) for j in study.jobs))
+    index = names.index(variant) if variant in names else len(names)
+    return VARIANT_COLOURS[index % len(VARIANT_COLOURS)]
+
+
+def run_identity(job: Job) -> tuple[str, dict[str, str]]:
+    """MLflow run name and tags of a job: a study's variant by its name (and seed), any other
+    job by its job name."""
+    tags = {"csx.job_id": str(job.id)}
+    if job.study is None:
+        return job.name, {**tags, "csx.variant": job.name}
+    variant = job.tags.get("csx.variant", job.name)
+    seed = job.tags.get("csx.seed")
+    tags.update({"csx.variant": variant, "csx.study_id": str(job.study_id), "csx.role": "variant",
+                 "mlflow.runColor": variant_colour(job.study, variant)})
+    return (variant if seed is None else f"{variant} seed {seed}"), tags
 
 
 def study_status(study: Study) -> str:
@@ -67,50 +205,92 @@ def study_status(study: Study) -> str:
 
 
 def build_report(settings: Settings, study: Study) -> StudyReport:
-    rows, curves = [], {}
+    rows = []
     for job in study.jobs:
         result = job.result or {}
         wall = result.get("job_wall_s")
         if wall is None and job.started_at and job.finished_at:
             wall = (job.finished_at - job.started_at).total_seconds()
         variant = job.tags.get("csx.variant", job.name)
+        seed = job.tags.get("csx.seed")
         rows.append(StudyReportRow(
             job_id=job.id, variant=variant, status=job.status,
             final_eval_perplexity=result.get("final_eval_perplexity"),
             best_eval_perplexity=result.get("best_eval_perplexity"),
             projected_speedup=result.get("speedup_vs_dense"), wall_time_s=wall,
+            seed=int(seed) if seed is not None else None,
         ))
-        history = result.get("eval_history") or []
-        if history:
-            curves[f"{variant} eval/perplexity"] = [(h["step"], h["perplexity"]) for h in history]
     complete = study_status(study) == "DONE"
-    png = _curves_png(curves) if curves else None
-    if complete and study.mlflow_run_id:
-        _log_to_parent(settings, study.mlflow_run_id, rows, png)
-    return StudyReport(study_id=study.id, complete=complete, rows=rows,
-                       png_base64=base64.b64encode(png).decode() if png else None)
-
-
-def _curves_png(curves: dict[str, list[tuple[int, float]]]) -> bytes:
-    from workers.plots import write_curves_png
-
+    summaries, gaps = aggregate(rows)
+    report = StudyReport(study_id=study.id, complete=complete, rows=rows, variants=summaries,
+                         gaps=gaps, full_size=full_size_report(study), png_base64=None)
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "study_perplexity.png"
-        write_curves_png(curves, path)
-        return path.read_bytes()
+        pngs = _write_figures(study_figures(study, report), Path(folder))
+        png = pngs["study_perplexity.png"].read_bytes() if "study_perplexity.png" in pngs else None
+        report.png_base64 = base64.b64encode(png).decode() if png else None
+        if complete and study.mlflow_run_id:
+            _log_to_parent(settings, study.mlflow_run_id, report, list(pngs.values()))
+    return report
 
 
-def _log_to_parent(settings: Settings, run_id: str, rows: list[StudyReportRow],
-                   png: bytes | None) -> None:
-    """The finished report as artifacts of the parent run (rewritten on each request)."""
+def study_figures(study: Study, report: StudyReport) -> dict[str, Any]:
+    """The study's matplotlib figures by file name, each only once it has data:
+    study_perplexity.png (eval loss and perplexity per variant and seed, in the variants'
+    run colours) and study_tradeoff.png (final perplexity against projected speed-up)."""
+    from workers.plots import curves_figure, tradeoff_figure
+
+    curves, colours = {}, {}
+    for job in study.jobs:
+        history = (job.result or {}).get("eval_history") or []
+        if not history:
+            continue
+        variant, seed = job.tags.get("csx.variant", job.name), job.tags.get("csx.seed")
+        label = variant if seed is None else f"{variant} seed {seed}"
+        for key in ("loss", "perplexity"):
+            curves[f"{label} eval/{key}"] = [(h["step"], h[key]) for h in history]
+            colours[f"{label} eval/{key}"] = variant_colour(study, variant)
+    figures = {}
+    if curves:
+        figures["study_perplexity.png"] = curves_figure(
+            curves, title=f"study {study.name}: evaluation", colours=colours)
+    points = [(row.variant if row.seed is None else f"{row.variant} seed {row.seed}",
+               row.projected_speedup, row.final_eval_perplexity, variant_colour(study, row.variant))
+              for row in report.rows
+              if row.projected_speedup is not None and row.final_eval_perplexity is not None]
+    if points:
+        figures["study_tradeoff.png"] = tradeoff_figure(points, title=f"study {study.name}")
+    return figures
+
+
+def _write_figures(figures: dict[str, Any], folder: Path) -> dict[str, Path]:
+    from workers.plots import save_figure
+
+    for name, figure in figures.items():
+        save_figure(figure, folder / name)
+    return {name: folder / name for name in figures}
+
+
+def _log_to_parent(settings: Settings, run_id: str, report: StudyReport,
+                   figures: list[Path]) -> None:
+    """The finished report as artifacts of the parent run, and each variant's mean and sd over
+    seeds as parent-run metrics. Done once: the run is terminated afterwards, and a later
+    request must not append the same metric points again."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(settings.mlflow_tracking_uri)
-    client.log_dict(run_id, {"rows": [r.model_dump() for r in rows]}, "study_report.json")
-    if png is not None:
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "study_perplexity.png"
-            path.write_bytes(png)
-            client.log_artifact(run_id, str(path))
-    if client.get_run(run_id).info.status == "RUNNING":
-        client.set_terminated(run_id, "FINISHED")
+    if client.get_run(run_id).info.status != "RUNNING":
+        return
+    client.log_dict(run_id, report.model_dump(exclude={"png_base64"}), "study_report.json")
+    for summary in report.variants:
+        for stat, value in (("mean", summary.final_eval_perplexity_mean),
+                            ("sd", summary.final_eval_perplexity_sd)):
+            if value is not None:
+                client.log_metric(run_id, f"final_ppl_{stat}/{summary.variant}", value)
+    columns = ("variant", "seed", "status", "final_eval_perplexity", "best_eval_perplexity",
+               "projected_speedup", "wall_time_s", "job_id")
+    table = io.StringIO()
+    csv.writer(table).writerows([columns, *([getattr(r, c) for c in columns] for r in report.rows)])
+    client.log_text(run_id, table.getvalue(), "study_summary.csv")
+    for path in figures:
+        client.log_artifact(run_id, str(path))
+    client.set_terminated(run_id, "FINISHED")

@@ -1,25 +1,35 @@
 """POST /studies end to end on Ray: five algorithms at one sparsity on the tiny preset,
-nested MLflow runs under one parent, and a report with a perplexity plot."""
+nested MLflow runs under one parent, and a report with a perplexity plot; what MLflow then
+holds, read back through its client: run names, tags, step-0 masks, metric histories without
+duplicates, the parent's artifacts, the comparison link's filter, figures without empty panels."""
 
 from __future__ import annotations
 
 import base64
+import csv
+from urllib.parse import parse_qs
 
 import pytest
 from fastapi.testclient import TestClient
 from mlflow.tracking import MlflowClient
 
 from service.main import create_app
+from service.models import Study
+from service.schemas import StudyReport
 from service.settings import Settings
+from service.studies import compare_link, study_figures
+from workers.plots import axes_hold_data
 from service_helpers import make_token, wait_for
 
 ALGORITHMS = ["dense", "static", "set", "rigl", "granet"]
 BASE = {
-    "train_input": {"batch_size": 4, "seq_len": 16},
-    "eval_input": {"batch_size": 4, "seq_len": 16},
+    "train_input": {"batch_size": 4, "max_sequence_length": 16},
+    "eval_input": {"batch_size": 4, "max_sequence_length": 16},
     "model": {"preset": "tiny"},
-    "runconfig": {"max_steps": 16, "eval_steps": 1, "log_steps": 8, "seed": 7},
+    "runconfig": {"max_steps": 16, "eval_steps": 1, "log_steps": 4, "eval_frequency": 8,
+                  "checkpoint_steps": 8, "seed": 7},
 }
+SPARSE = ALGORITHMS[1:]
 
 
 @pytest.mark.slow
@@ -60,6 +70,7 @@ def test_study_runs_every_algorithm_and_reports(ray_session: None,
             tags = mlflow.get_run(job["mlflow_run_id"]).data.tags
             assert tags["mlflow.parentRunId"] == study["mlflow_run_id"]
             assert tags["csx.status"] == "SUCCEEDED"
+        check_variant_runs(mlflow, study, done["jobs"])
 
         report = client.get(f"/v1/studies/{study['id']}/report", headers=alice).json()
         assert report["complete"] and [r["variant"] for r in report["rows"]] == ALGORITHMS
@@ -72,7 +83,93 @@ def test_study_runs_every_algorithm_and_reports(ray_session: None,
         image = client.get(f"/v1/studies/{study['id']}/report.png", headers=alice)
         assert image.headers["content-type"] == "image/png" and image.content == png
         artifacts = {a.path for a in mlflow.list_artifacts(study["mlflow_run_id"])}
-        assert {"study_report.json", "study_perplexity.png"} <= artifacts
+        assert {"study_report.json", "study_perplexity.png", "study_tradeoff.png",
+                "study_summary.csv", "study_spec.json"} <= artifacts
         assert mlflow.get_run(study["mlflow_run_id"]).info.status == "FINISHED"
+        check_parent_run(mlflow, study)
+        with client.app.state.sessionmaker() as session:
+            figures = study_figures(session.get(Study, study["id"]),
+                                    StudyReport.model_validate(report))
+        check_figures(figures)
         other = make_token(client, "bob")
-        assert client.get(f"/v1/studies/{study['id']}", headers=other).status_code == 403
+        assert client.get(f"/v1/studies/{study['id']}", headers=other).status_code == 404
+
+
+def check_variant_runs(mlflow: MlflowClient, study: dict, jobs: list[dict]) -> None:
+    """Names, tags, params, step-0 masks and metric histories of every variant's run."""
+    colours = set()
+    for job in jobs:
+        variant = job["tags"]["csx.variant"]
+        run = mlflow.get_run(job["mlflow_run_id"])
+        tags = run.data.tags
+        assert run.info.run_name == variant
+        assert (tags["csx.variant"], tags["csx.algorithm"]) == (variant, variant)
+        assert tags["csx.study_id"] == str(study["id"]) and tags["csx.job_id"] == str(job["id"])
+        colours.add(tags["mlflow.runColor"])
+        assert run.data.params["runconfig.max_steps"] == "16"
+        assert run.data.params["optimizer.weight_decay"] == "0.0"
+
+        history = {key: [(m.step, m.value) for m in mlflow.get_metric_history(run.info.run_id, key)]
+                   for key in run.data.metrics}
+        for key, points in history.items():
+            steps = [step for step, _ in points]
+            assert len(steps) == len(set(steps)), f"{variant} {key}: duplicate steps {steps}"
+        assert {"train/loss", "eval/loss", "eval/perplexity", "lr", "host/tokens_per_s",
+                "perf/sim_tokens_per_s", "perf/sim_step_ms", "sparsity/global"} <= set(history)
+        assert "perf/tokens_per_s" not in history  # the host's figure is no projection
+        assert sorted(s for s, _ in history["train/loss"]) == [4, 8, 12, 16]
+        assert sorted(s for s, _ in history["eval/perplexity"]) == [8, 16]
+        if variant == "dense":
+            assert history["sparsity/global"] == [(4, 0.0), (8, 0.0), (12, 0.0), (16, 0.0)]
+            continue
+        assert min(s for s, _ in history["sparsity/global"]) == 0  # the initial mask
+        names = {a.path for a in mlflow.list_artifacts(run.info.run_id, "masks/step_0000000")}
+        assert {"masks/step_0000000/masks.npz", "masks/step_0000000/density_hist.png"} <= names
+        assert sum(n.endswith(".png") and "heatmap_" in n for n in names) >= 2, names
+    assert len(colours) == len(jobs), "every variant has a colour of its own"
+
+    granet = mlflow.get_run(jobs[ALGORITHMS.index("granet")]["mlflow_run_id"])
+    assert granet.data.params["sparsity.init_sparsity"] == "0.5"
+    assert granet.data.params["sparsity.drop_fraction.half_period"] == "12"
+    targets = [k for k in granet.data.metrics if k.endswith("/target")]
+    assert targets
+    for key in targets:  # the cubic schedule from 50% to 80%, not the levels pruning reached
+        points = dict((m.step, m.value) for m in mlflow.get_metric_history(
+            granet.info.run_id, key))
+        assert points[0] == pytest.approx(0.5) and points[16] == pytest.approx(0.8)
+
+
+def check_parent_run(mlflow: MlflowClient, study: dict) -> None:
+    """The parent holds the study (spec, report, table, figures), no per-step metrics, and a
+    description linking the chart view of exactly this study's variants."""
+    parent = mlflow.get_run(study["mlflow_run_id"])
+    assert parent.info.run_name == "five" and parent.data.tags["csx.study_id"] == str(study["id"])
+    per_step = ("train/", "eval/", "sparsity/", "perf/", "host/", "mask/", "lr")
+    assert not [k for k in parent.data.metrics if k.startswith(per_step)]
+    # The report was requested twice (JSON, then PNG): its summary metrics are logged once.
+    summary_keys = [k for k in parent.data.metrics if k.startswith("final_ppl_mean/")]
+    assert sorted(k.split("/", 1)[1] for k in summary_keys) == sorted(ALGORITHMS)
+    assert all(len(mlflow.get_metric_history(parent.info.run_id, k)) == 1 for k in summary_keys)
+    experiment_id = parent.info.experiment_id
+    link = compare_link(experiment_id, study["id"])
+    assert link in parent.data.tags["mlflow.note.content"]
+    assert link in mlflow.get_experiment(experiment_id).tags["mlflow.note.content"]
+    search = parse_qs(link.split("?", 1)[1])["searchFilter"][0]
+    found = mlflow.search_runs([experiment_id], search)
+    assert sorted(r.info.run_name for r in found) == sorted(ALGORITHMS)
+    summary = mlflow.download_artifacts(parent.info.run_id, "study_summary.csv")
+    with open(summary, newline="") as table:
+        rows = list(csv.DictReader(table))
+    assert [r["variant"] for r in rows] == ALGORITHMS and all(float(r["final_eval_perplexity"]) > 1
+                                                              for r in rows)
+
+
+def check_figures(figures: dict) -> None:
+    """Every panel of every study figure holds data; the curves cover all five variants."""
+    assert set(figures) == {"study_perplexity.png", "study_tradeoff.png"}
+    for name, figure in figures.items():
+        assert figure.axes and all(axes_hold_data(a) for a in figure.axes), name
+    loss, perplexity = figures["study_perplexity.png"].axes
+    assert (loss.get_ylabel(), perplexity.get_ylabel()) == ("loss", "perplexity")
+    assert len(loss.lines) == len(perplexity.lines) == len(ALGORITHMS)
+    assert len(figures["study_tradeoff.png"].axes[0].collections) == len(ALGORITHMS)

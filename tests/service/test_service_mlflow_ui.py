@@ -1,6 +1,6 @@
 """The study comparison link in a real browser: `mlflow server` and Debian's Chromium (headless,
-driven by Playwright) show one named line per variant and no parent run. Runs only where
-/usr/bin/chromium and Playwright are installed; bench/mlflow_screenshots.py is the full
+driven by Playwright) show one named line per variant and no parent run. Chromium comes
+from Debian's packages (tests/service/chromium.sh); bench/mlflow_screenshots.py is the full
 end-to-end version (a real study, screenshots for the README)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,7 @@ from service.studies import VARIANT_COLOURS, compare_link
 from workers.tracking import create_run
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium"),
-    pytest.mark.skipif(importlib.util.find_spec("playwright") is None, reason="needs playwright"),
-]
+pytestmark = pytest.mark.slow
 VARIANTS = ["rigl", "set", "granet"]
 
 
@@ -34,8 +31,19 @@ def load_bench():
     return module
 
 
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Debian's Chromium, installed by tests/service/chromium.sh when missing (as pg.sh does
+    for PostgreSQL); the test fails, not skips, where it cannot be had."""
+    found = subprocess.run(["bash", str(ROOT / "tests" / "service" / "chromium.sh")],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        pytest.fail(found.stderr.strip() or "tests/service/chromium.sh failed")
+    return found.stdout.strip()
+
+
 @pytest.mark.timeout(180)
-def test_compare_link_shows_each_variant_once_and_no_parent(tmp_path, tracking_uri):
+def test_compare_link_shows_each_variant_once_and_no_parent(tmp_path, tracking_uri, chromium):
     bench = load_bench()
     uri = tracking_uri  # the session's store: its schema exists already
     client = MlflowClient(uri)
@@ -55,7 +63,7 @@ def test_compare_link_shows_each_variant_once_and_no_parent(tmp_path, tracking_u
 
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch_persistent_context(
-                str(tmp_path / "profile"), executable_path=bench.CHROMIUM, headless=True,
+                str(tmp_path / "profile"), executable_path=chromium, headless=True,
                 args=bench.CHROMIUM_FLAGS, viewport=bench.VIEWPORT)
             page = browser.new_page()
             page.set_default_timeout(60_000)

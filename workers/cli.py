@@ -170,7 +170,7 @@ def _train_locally(spec: JobSpec, mode: str, model_dir: str, progress: ProgressP
         raise
     if tracker is not None:
         tracker.finish()
-        summary["mlflow_run_id"] = tracker.run_id
+        summary["run_id"] = tracker.run_id  # the key the Ray runner's summary uses
     return summary
 
 

@@ -62,9 +62,8 @@ def test_scaled_down_modelzoo_file_trains_checkpoints_and_resumes(params, extra,
     losses = MlflowClient(tracking_uri=tracking_uri).get_metric_history(run.info.run_id, "train/loss")
     assert [m.step for m in losses] == [2, 4] and all(m.value > 0 for m in losses)
 
-    # Resume from the 2-system checkpoint (in this process: a second Ray job would double the
-    # test's time, and the runner's own resume on 2 systems is tested in test_runner_train).
-    resumed = _run(MODELZOO / params, model_dir, _proxy(hdf5_data, 6) + extra, capsys, num_csx=1)
-    assert resumed["steps"] == 6 and (model_dir / "checkpoint_6.mdl").is_file()
-    history = MlflowClient(tracking_uri=tracking_uri).get_metric_history(resumed["mlflow_run_id"], "train/loss")
+    # Resume on the same 2 systems from the step-4 checkpoint.
+    resumed = _run(MODELZOO / params, model_dir, _proxy(hdf5_data, 6) + extra, capsys, num_csx=2)
+    assert resumed["steps"] == 6 and resumed["num_csx"] == 2 and (model_dir / "checkpoint_6.mdl").is_file()
+    history = MlflowClient(tracking_uri=tracking_uri).get_metric_history(resumed["run_id"], "train/loss")
     assert [m.step for m in history] == [6]  # continued at step 5, not restarted

@@ -46,7 +46,7 @@ def render(data: dict[str, Any], docs: Path, cause: dict[str, Any] | None = None
     if cause is not None:
         from bench.cause_report import cause_section
 
-        lines += [*cause_section(cause), ""]
+        lines += [*cause_section(cause, data["runs"]), ""]
     lines += [
         "## `make results`: the study through the service's training loop",
         "",

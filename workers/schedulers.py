@@ -42,6 +42,18 @@ def scheduler_key(name: str) -> str:
     return key.removesuffix("lr") if key.removesuffix("lr") in SCHEDULERS else key
 
 
+def rename_aliases(data: dict[str, Any], aliases: dict[str, str], prefix: str = "") -> dict[str, Any]:
+    """A copy of ``data`` with each alias key (another ModelZoo spelling) renamed to its field;
+    giving both spellings is an error (``prefix`` says where)."""
+    data = dict(data)
+    for alias, name in aliases.items():
+        if alias in data:
+            if name in data:
+                raise ValueError(f"{prefix}give {name} or {alias}, not both")
+            data[name] = data.pop(alias)
+    return data
+
+
 class SchedulerSpec(BaseModel):
     """One cstorch scheduler: its name and the numbers that scheduler takes (and only those)."""
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -68,13 +80,7 @@ class SchedulerSpec(BaseModel):
     def _aliases(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        data = dict(data)
-        for alias in _TOTAL_ITERS_ALIASES:
-            if alias in data:
-                if "total_iters" in data:
-                    raise ValueError(f"give total_iters or {alias}, not both")
-                data["total_iters"] = data.pop(alias)
-        return data
+        return rename_aliases(data, {alias: "total_iters" for alias in _TOTAL_ITERS_ALIASES})
 
     @model_validator(mode="after")
     def _keys_of_this_scheduler(self) -> SchedulerSpec:

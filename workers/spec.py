@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from workers.schedulers import LearningRate, check_sequence
+from workers.schedulers import LearningRate, check_sequence, rename_aliases
 
 PresetName = Literal["tiny", "mini", "small"]
 HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
@@ -53,12 +53,7 @@ class _Section(BaseModel):
     def _known_keys(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        data = dict(data)
-        for alias, name in cls.ALIASES.items():
-            if alias in data:
-                if name in data:
-                    raise ValueError(f"{cls.SECTION}: give {name} or {alias}, not both")
-                data[name] = data.pop(alias)
+        data = rename_aliases(data, cls.ALIASES, prefix=f"{cls.SECTION}: ")
         known = set(cls.model_fields) | cls.NOT_APPLIED
         for key in data:
             if key not in known:

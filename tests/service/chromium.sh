@@ -4,16 +4,8 @@
 set -euo pipefail
 BROWSER=/usr/bin/chromium
 
-if [ -x "$BROWSER" ]; then echo "$BROWSER"; exit 0; fi
-if ! command -v apt-get >/dev/null; then
-  echo "Chromium is not installed and apt-get is unavailable: install Debian's chromium ($BROWSER)" >&2
-  exit 1
+if [ ! -x "$BROWSER" ]; then
+  bash "$(dirname "$0")/apt_install.sh" chromium
+  [ -x "$BROWSER" ] || { echo "apt-get installed chromium but $BROWSER is missing" >&2; exit 1; }
 fi
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo -n"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || {
-  $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q chromium >/dev/null
-}
-[ -x "$BROWSER" ] || { echo "apt-get installed chromium but $BROWSER is missing" >&2; exit 1; }
 echo "$BROWSER"

@@ -14,14 +14,5 @@ find_bin() {
 }
 
 if find_bin; then exit 0; fi
-if ! command -v apt-get >/dev/null; then
-  echo "PostgreSQL is not installed and apt-get is unavailable: install postgresql (initdb, pg_ctl)" >&2
-  exit 1
-fi
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo -n"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get install -y -q postgresql >/dev/null 2>&1 || {
-  $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q postgresql >/dev/null
-}
+bash "$(dirname "$0")/apt_install.sh" postgresql
 find_bin || { echo "apt-get installed postgresql but no pg_ctl was found" >&2; exit 1; }

@@ -13,6 +13,7 @@ from workers.data import strip_gutenberg
 from workers.hdf5 import HDF5BatchSampler, HDF5EvalBatches, HDF5Samples
 from workers.job import check_data, load_data
 from workers.spec import JobSpec
+from workers_helpers import preprocess_texts
 
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(40))
 
@@ -20,13 +21,8 @@ TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """Two HDF5 folders made by `csx preprocess` from a text file (byte tokenizer, msl 16)."""
-    root = tmp_path_factory.mktemp("hdf5")
-    (root / "a.txt").write_text(TEXT[:1000])
-    (root / "b.txt").write_text(TEXT[1000:])
-    for part in ("a", "b"):
-        assert cli.main(["preprocess", "--input", str(root / f"{part}.txt"), "--output_dir", str(root / part),
-                         "--max_sequence_length", "16", "--samples_per_file", "20"]) == 0
-    return root
+    return preprocess_texts(tmp_path_factory.mktemp("hdf5"), {"a": TEXT[:1000], "b": TEXT[1000:]},
+                            16, "--samples_per_file", "20")
 
 
 def test_preprocess_writes_modelzoos_layout(corpus):

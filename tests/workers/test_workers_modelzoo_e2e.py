@@ -8,6 +8,7 @@ import pytest
 from mlflow import MlflowClient
 
 from workers import cli
+from workers_helpers import preprocess_texts
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 MODELZOO = Path(__file__).resolve().parents[2] / "examples" / "modelzoo"
@@ -16,13 +17,8 @@ TEXT = "".join(f"{i}: to be, or not to be, that is the question.\n" for i in ran
 
 @pytest.fixture(scope="module")
 def hdf5_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e-data")
-    (root / "train.txt").write_text(TEXT[:2400])
-    (root / "val.txt").write_text(TEXT[2400:])
-    for split in ("train", "val"):
-        assert cli.main(["preprocess", "--input", str(root / f"{split}.txt"), "--output_dir",
-                         str(root / split), "--max_sequence_length", "16"]) == 0
-    return root
+    return preprocess_texts(tmp_path_factory.mktemp("e2e-data"),
+                            {"train": TEXT[:2400], "val": TEXT[2400:]}, 16)
 
 
 def _proxy(data: Path, max_steps: int) -> list[str]:

@@ -115,12 +115,15 @@ def job_body(**options: Any) -> dict[str, Any]:
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 30, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
+    # The pause grows from 20 ms to 0.5 s: quick answers stay quick, and a long wait does not
+    # poll the API fifty times a second, taking CPU from the jobs it waits for on a busy machine.
+    deadline, pause = time.monotonic() + timeout_s, 0.02
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.02)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.5)
     raise AssertionError(f"timed out waiting for {what}")
 
 

@@ -33,7 +33,7 @@ SPARSE = ALGORITHMS[1:]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(1000)
 def test_study_runs_every_algorithm_and_reports(ray_session: None,
                                                 service_settings: Settings) -> None:
     with TestClient(create_app(service_settings)) as client:
@@ -54,7 +54,8 @@ def test_study_runs_every_algorithm_and_reports(ray_session: None,
             current = client.get(f"/v1/studies/{study['id']}", headers=alice).json()
             return current if current["status"] == "DONE" else None
 
-        done = wait_for(finished, 360, "every study job to end")
+        # Five Ray jobs take ~30 s on an idle 2-core machine; the deadline is for a busy one.
+        done = wait_for(finished, 900, "every study job to end")
         assert [j["status"] for j in done["jobs"]] == ["SUCCEEDED"] * 5, \
             [(j["name"], j["status_message"]) for j in done["jobs"]]
 

@@ -62,8 +62,8 @@ STUDY = {
 # DESIGN §4: the path of a job that runs to the end, first event written on submission.
 SUCCESS_PATH = [(None, "QUEUED"), ("QUEUED", "VALIDATING"), ("VALIDATING", "PROVISIONING"),
                 ("PROVISIONING", "RUNNING"), ("RUNNING", "SUCCEEDED")]
-START_TIMEOUT_S = 90
-STUDY_TIMEOUT_S = 240
+START_TIMEOUT_S = 240  # deadlines for a busy machine; idle runs take a fraction
+STUDY_TIMEOUT_S = 900
 
 
 def compose_environment(service: str) -> dict[str, str]:
@@ -243,7 +243,7 @@ def test_topology_environment_matches_compose(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(1500)
 def test_study_through_the_compose_topology(topology: Topology,
                                            postgres: PostgresServer) -> None:
     with httpx.Client(base_url=topology.api_url, timeout=120,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
-from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
 
 from service import crud
+from service.db import make_engine, make_sessionmaker, upgrade_database
 from service.models import Job, JobEvent
 from service.states import TERMINAL, TRANSITIONS, IllegalTransition, JobStatus, move
 
@@ -21,8 +24,18 @@ def test_table_covers_every_state_and_terminals_are_closed() -> None:
     assert TERMINAL == {S.SUCCEEDED, S.FAILED, S.CANCELLED}
 
 
-def _new_job(client: TestClient) -> tuple[object, Job]:
-    session = client.app.state.sessionmaker()
+@pytest.fixture
+def sessions(service_settings) -> Iterator[sessionmaker[Session]]:
+    """The service's database without its scheduler: these tests move jobs by hand, and a
+    running scheduler would pick up the same QUEUED jobs and move them concurrently."""
+    upgrade_database(service_settings.database_url)
+    engine = make_engine(service_settings.database_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def _new_job(sessions: sessionmaker[Session]) -> tuple[Session, Job]:
+    session = sessions()
     _, secret = crud.create_token(session, name="t")
     owner = crud.get_caller(session, secret=secret)
     row = crud.add_job(session, owner=owner, name="j", experiment="e", mode="train", num_csx=1,
@@ -31,8 +44,8 @@ def _new_job(client: TestClient) -> tuple[object, Job]:
     return session, session.get(Job, row["id"])
 
 
-def test_move_along_the_happy_path_writes_one_event_each(client: TestClient) -> None:
-    session, job = _new_job(client)
+def test_move_along_the_happy_path_writes_one_event_each(sessions: sessionmaker[Session]) -> None:
+    session, job = _new_job(sessions)
     path = [S.VALIDATING, S.PROVISIONING, S.RUNNING, S.RECOVERING, S.RUNNING, S.SUCCEEDED]
     for target in path:
         move(session, job, target, message=f"to {target}")
@@ -54,9 +67,9 @@ def test_move_along_the_happy_path_writes_one_event_each(client: TestClient) -> 
     ([S.CANCELLED], S.QUEUED),
     ([S.VALIDATING, S.FAILED], S.RUNNING),
 ])
-def test_illegal_moves_raise_and_change_nothing(client: TestClient, path: list[JobStatus],
+def test_illegal_moves_raise_and_change_nothing(sessions: sessionmaker[Session], path: list[JobStatus],
                                                 illegal: JobStatus) -> None:
-    session, job = _new_job(client)
+    session, job = _new_job(sessions)
     for target in path:
         move(session, job, target)
     session.commit()
@@ -67,8 +80,8 @@ def test_illegal_moves_raise_and_change_nothing(client: TestClient, path: list[J
     session.close()
 
 
-def test_retry_starts_a_new_attempt(client: TestClient) -> None:
-    session, job = _new_job(client)
+def test_retry_starts_a_new_attempt(sessions: sessionmaker[Session]) -> None:
+    session, job = _new_job(sessions)
     for target in (S.VALIDATING, S.PROVISIONING, S.RUNNING, S.FAILED):
         move(session, job, target, message="boom" if target is S.FAILED else None)
     assert (job.status_message, job.finished_at is not None) == ("boom", True)

@@ -14,6 +14,7 @@ then SIGKILL for whatever is left. Nothing outside those groups is touched.
 from __future__ import annotations
 
 import base64
+import ctypes
 import os
 import re
 import signal
@@ -23,6 +24,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -62,11 +64,15 @@ class StackProcess:
 
     @classmethod
     def start(cls, name: str, argv: list[str], *, log_path: Path, env: dict[str, str],
-              cwd: Path) -> StackProcess:
+              cwd: Path, die_with_parent: bool = False) -> StackProcess:
+        """`die_with_parent`: the kernel sends the child SIGTERM when this process dies, even
+        by SIGKILL (a child in a session of its own is out of reach of its parent's group)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        on_fork = partial(_term_on_parent_death, os.getpid()) if die_with_parent else None
         with log_path.open("wb") as log:
             popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=cwd, stdin=subprocess.DEVNULL, start_new_session=True)
+                                     cwd=cwd, stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=on_fork)
         return cls(name, popen, log_path)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
@@ -112,6 +118,18 @@ class StackProcess:
                       f"{reap_s:.0f} s", file=sys.stderr)
                 return
             time.sleep(0.05)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _term_on_parent_death(parent: int) -> None:
+    """Run in the forked child before exec: SIGTERM it when the forking thread exits, or now
+    if `parent` already died between fork and this call (then the child was reparented)."""
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _stat_fields(pid: int) -> list[str] | None:

@@ -10,8 +10,9 @@ as a child,
 which runs `ray start --head --block` in a process group of its own, prints READY once Ray is
 up, and stops that whole process tree (agents and workers included) when its stdin closes: on
 the service's shutdown, and also when the service is killed with SIGKILL, since the kernel
-closes the pipe of a dead process. The service then joins the head as a driver (`ray.init
-(address=...)`, which starts no processes of its own).
+closes the pipe of a dead process. If this watcher itself is killed, `ray start` gets SIGTERM
+from the kernel (a parent-death signal) and stops Ray the same way. The service then joins
+the head as a driver (`ray.init(address=...)`, which starts no processes of its own).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
         "--port", str(args.port), "--num-cpus", str(args.num_cpus),
         "--include-dashboard", "false", "--disable-usage-stats"],
-        log_path=args.log, env=dict(os.environ), cwd=args.log.parent)
+        log_path=args.log, env=dict(os.environ), cwd=args.log.parent, die_with_parent=True)
     try:
         wait_for_line(RAY_STARTED, ray, args.timeout)
         print(READY, flush=True)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
 import re
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -20,7 +22,8 @@ from service.local_stack import (
     run_local_study,
     wait_for_line,
 )
-from service_helpers import processes_with_env
+from service.ray_head import RayHead
+from service_helpers import REPO_ROOT, processes_with_env, wait_for
 
 TINY_STUDY = {
     "name": "tiny-study", "algorithms": ["dense", "rigl"], "sparsity": 0.8,
@@ -121,3 +124,50 @@ def test_reference_study_yaml_is_the_issue_study():
     assert sections["granet"]["init_sparsity"] == 0.5
     assert study.params.runconfig.num_csx == 2
     assert study.params.train_input.data_dir == "builtin:shakespeare"
+
+
+def test_die_with_parent_child_stops_when_its_parent_is_sigkilled(tmp_path):
+    """A child in a session of its own survives its parent's SIGKILL unless it dies with it."""
+    parent = ("import sys, time; from pathlib import Path; "
+              "from service.local_stack import StackProcess; "
+              "StackProcess.start('sleeper', [sys.executable, '-c', 'import time; time.sleep(120)'],"
+              " log_path=Path(sys.argv[1]), env={'MARK': sys.argv[2]}, cwd=Path(sys.argv[2]),"
+              " die_with_parent=sys.argv[3] == 'yes'); print('up', flush=True); time.sleep(120)")
+    for dies in ("no", "yes"):
+        spawner = StackProcess.start(
+            "spawner", [sys.executable, "-c", parent, str(tmp_path / f"{dies}.log"),
+                        str(tmp_path), dies],
+            log_path=tmp_path / "spawner.log", env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            cwd=tmp_path)
+        wait_for_line(re.compile("up"), spawner, 60)
+        [child] = processes_with_env(str(tmp_path))
+        os.kill(spawner.popen.pid, signal.SIGKILL)
+        spawner.popen.wait(30)
+        if dies == "yes":
+            wait_for(lambda: processes_with_env(str(tmp_path)) == [], 60, "the child to die")
+        else:
+            assert processes_with_env(str(tmp_path)) == [child]  # the leak this option closes
+            os.kill(child, signal.SIGKILL)
+            wait_for(lambda: processes_with_env(str(tmp_path)) == [], 60, "the child to die")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ray_head_stops_ray_when_its_watcher_is_killed(tmp_path, monkeypatch):
+    """Issue 12: SIGKILL of the `service.ray_head` watcher (a crash that takes the server's
+    whole family) orphaned `ray start --head --block`, which lives in a session of its own."""
+    monkeypatch.setenv("CSX_TEST_STATE", str(tmp_path))
+    monkeypatch.chdir(REPO_ROOT)
+    head = RayHead(num_cpus=1, log_path=tmp_path / "ray" / "head.log", start_timeout_s=240)
+    try:
+        names = {Path(f"/proc/{pid}/comm").read_text().strip()
+                 for pid in processes_with_env(str(tmp_path))}
+        assert {"gcs_server", "raylet"} <= names, names
+        os.kill(head.popen.pid, signal.SIGKILL)
+        head.popen.wait(30)
+        wait_for(lambda: processes_with_env(str(tmp_path)) == [], 180,
+                 "every Ray process to exit after its watcher was killed")
+    finally:
+        head.close()
+        for pid in processes_with_env(str(tmp_path)):  # a regression must not leak into the suite
+            os.kill(pid, signal.SIGKILL)

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service_helpers import REPO_ROOT, ServerProcess, is_alive, wait_for
+from service_helpers import REPO_ROOT, ServerProcess, is_alive, processes_with_env, wait_for
 
 MAX_STEPS = 300
 CHECKPOINT_STEPS = 20
@@ -88,3 +88,6 @@ def test_kill_mid_training_then_resume_once(tmp_path: Path) -> None:
                  180, "the queued job to start")
     finally:
         server.stop()
+    # Nothing either server started is left: the crash's Ray head included.
+    wait_for(lambda: processes_with_env(str(tmp_path)) == [], 120,
+             "every process of both servers to exit")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import statistics
 import sys
 import time
@@ -68,7 +69,7 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "rigl_fix_bal": ("RigL fixed + equal non-zeros per pair of output rows (balance_out_groups 32)",
                      {"algorithm": "rigl", "code": "new", "balance_out_groups": 32}),
     "rigl_fix_row": ("RigL fixed + equal non-zeros in every output row (constant fan-in)",
-                     {"algorithm": "rigl", "code": "new", "balance_rows": True}),
+                     {"algorithm": "rigl", "code": "new", "balance": "rows"}),
     "rigl_fix_bal_dt100": ("RigL fixed + balance_out_groups 32 + ΔT = 100",
                            {"algorithm": "rigl", "code": "new", "balance_out_groups": 32,
                             "update_every": 100}),
@@ -105,10 +106,51 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
                            "balance_out_groups": 32}),
     "set_fix_mini": ("SET fixed, mini", {"algorithm": "set", "code": "new", "preset": "mini"}),
 }
-DEFAULTS = {"code": "head", "update_every": STUDY["update_every"], "drop": STUDY["drop"],
-            "distribution": "uniform", "grow_init": None, "balance_out_groups": None,
-            "balance_in_groups": None, "balance_rows": False, "adam": "zero", "preset": "tiny",
-            "steps": 1000, "algorithm": "dense"}
+# The product's own model (`workers/` of this checkout: ModelZoo names and initialisation) at
+# the reference study's cadence (ΔT = 100), where RigL's growth is balanced per output row or
+# per input column: run with --code new --sparsity-root . --workers-root .
+PRODUCT = {"code": "new", "workers": "product", "update_every": 100}
+BALANCINGS = {
+    "": ("", {}),
+    "_bal": (" + balance_out_groups 32", {"balance_out_groups": 32}),
+    "_row": (" + one group per output row (constant fan-in)", {"balance": "rows"}),
+    "_balin": (" + balance_in_groups 32", {"balance_in_groups": 32}),
+    "_col": (" + one group per input column (constant fan-out)", {"balance": "cols"}),
+}
+SCALES = {"": ("", {}), "_mini": (", mini", {"preset": "mini"}),
+          "_3k": (", 3000 steps", {"steps": 3000})}
+for scale, (scale_text, scale_cfg) in SCALES.items():
+    ROWS[f"prod_static{scale}"] = (f"Static{scale_text}, product model",
+                                   {**PRODUCT, "algorithm": "static", **scale_cfg})
+    ROWS[f"prod_set{scale}"] = (f"SET{scale_text}, product model",
+                                {**PRODUCT, "algorithm": "set", **scale_cfg})
+    for algorithm in ("rigl", "granet"):
+        for suffix, (text, cfg) in BALANCINGS.items():
+            ROWS[f"prod_{algorithm}{suffix}{scale}"] = (
+                f"{'RigL' if algorithm == 'rigl' else 'GraNet'}{text}{scale_text}, product model",
+                {**PRODUCT, "algorithm": algorithm, **cfg, **scale_cfg})
+    ROWS[f"prod_rigl_sinkhorn{scale}"] = (
+        f"RigL growing by |grad| rescaled to equal row and column sums{scale_text}, product "
+        "model (diagnostic: bench/rigl_diagnostics.py)",
+        {**PRODUCT, "algorithm": "rigl_diagnostics.SinkhornRigL", **scale_cfg})
+    ROWS[f"prod_rigl_fresh{scale}"] = (
+        f"RigL that cannot grow back what it just dropped{scale_text}, product model "
+        "(diagnostic: bench/rigl_diagnostics.py)",
+        {**PRODUCT, "algorithm": "rigl_diagnostics.FreshRigL", **scale_cfg})
+    ROWS[f"prod_rigl_sinkhorn{scale}"] = (
+        f"RigL growing by |grad| rescaled to equal row and column sums{scale_text}, product "
+        "model (diagnostic: bench/rigl_diagnostics.py)",
+        {**PRODUCT, "algorithm": "rigl_diagnostics.SinkhornRigL", **scale_cfg})
+    ROWS[f"prod_rigl_fresh{scale}"] = (
+        f"RigL that cannot grow back what it just dropped{scale_text}, product model "
+        "(diagnostic: bench/rigl_diagnostics.py)",
+        {**PRODUCT, "algorithm": "rigl_diagnostics.FreshRigL", **scale_cfg})
+DEFAULTS = {"code": "head", "workers": "head", "update_every": STUDY["update_every"],
+            "drop": STUDY["drop"], "distribution": "uniform", "grow_init": None,
+            "balance_out_groups": None, "balance_in_groups": None, "balance": None,
+            "adam": "zero", "preset": "tiny", "steps": 1000, "algorithm": "dense"}
+# (hidden size, FFN size) of the presets, for one balance group per row or per column.
+PRESET_WIDTHS = {"tiny": (64, 160), "mini": (128, 352)}
 
 
 def row_settings(name: str) -> dict[str, Any]:
@@ -133,10 +175,15 @@ def sparsity_section(cfg: dict[str, Any], seed: int) -> Any:
     for key in ("grow_init", "balance_out_groups", "balance_in_groups"):
         if cfg[key] is not None:
             section[key] = cfg[key]
-    if cfg["balance_rows"]:  # one group per output row: the tiny model's FFN-up layers have 160
+    hidden, ffn = PRESET_WIDTHS[cfg["preset"]]
+    if cfg["balance"] == "rows":  # one group per output row: FFN-up layers have `ffn` of them
         wide = ["*gate_proj.weight", "*up_proj.weight", "*ffn.0.linear_layer*.weight"]
-        return [{**section, "param_filter": wide, "balance_out_groups": 160},
-                {**section, "balance_out_groups": 64}]
+        return [{**section, "param_filter": wide, "balance_out_groups": ffn},
+                {**section, "balance_out_groups": hidden}]
+    if cfg["balance"] == "cols":  # one group per input column: FFN-down layers have `ffn`
+        wide = ["*down_proj.weight", "*ffn.1.linear_layer.weight"]
+        return [{**section, "param_filter": wide, "balance_in_groups": ffn},
+                {**section, "balance_in_groups": hidden}]
     return section
 
 
@@ -296,6 +343,8 @@ def main() -> int:
                         help="directory holding the sparsity package to run")
     parser.add_argument("--workers-root", default=str(ROOT),
                         help="directory holding the workers package (model, data)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time, one thread each")
+    parser.add_argument("--raw", type=Path, default=RAW, help="JSON-lines file runs append to")
     args = parser.parse_args()
     if args.command == "render":
         render()
@@ -303,19 +352,27 @@ def main() -> int:
     for root in (args.workers_root, args.sparsity_root):  # sparsity's root ends up first
         sys.path.insert(0, str(Path(root).resolve()))
     names = args.rows.split(",")
+    product = Path(args.workers_root).resolve() == ROOT
     for name in names:  # rows that name no code run on either
         if row_settings(name)["code"] == "new" and args.code != "new":
             raise SystemExit(f"row {name!r} needs --code new")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    for seed in (int(s) for s in args.seeds.split(",")):
-        for name in names:
-            result = run_one(name, seed)
+        if row_settings(name)["workers"] == "product" and not product:
+            raise SystemExit(f"row {name!r} needs --workers-root {ROOT}")
+    args.raw.parent.mkdir(parents=True, exist_ok=True)
+    tasks = [(name, int(seed)) for seed in args.seeds.split(",") for name in names]
+    with multiprocessing.Pool(args.jobs) as pool:  # fork: the workers inherit sys.path
+        for result in pool.imap_unordered(_run_task, tasks):
             result["settings"]["code"] = args.code
-            with RAW.open("a", encoding="utf-8") as out:
+            with args.raw.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(result) + "\n")
-            print(f"{name:<14} seed {seed}: ppl {result['eval_ppl']:.3f} loss {result['eval_loss']:.4f} "
-                  f"in {result['wall_s']:.0f} s ({result['sparsity_file']})", flush=True)
+            print(f"{result['row']:<22} seed {result['seed']}: ppl {result['eval_ppl']:.3f} "
+                  f"loss {result['eval_loss']:.4f} in {result['wall_s']:.0f} s "
+                  f"({result['sparsity_file']})", flush=True)
     return 0
+
+
+def _run_task(task: tuple[str, int]) -> dict[str, Any]:
+    return run_one(*task)
 
 
 if __name__ == "__main__":

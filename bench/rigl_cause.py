@@ -130,17 +130,9 @@ for scale, (scale_text, scale_cfg) in SCALES.items():
                 f"{'RigL' if algorithm == 'rigl' else 'GraNet'}{text}{scale_text}, product model",
                 {**PRODUCT, "algorithm": algorithm, **cfg, **scale_cfg})
     ROWS[f"prod_rigl_sinkhorn{scale}"] = (
-        f"RigL growing by |grad| rescaled to equal row and column sums{scale_text}, product "
-        "model (diagnostic: bench/rigl_diagnostics.py)",
-        {**PRODUCT, "algorithm": "rigl_diagnostics.SinkhornRigL", **scale_cfg})
-    ROWS[f"prod_rigl_fresh{scale}"] = (
-        f"RigL that cannot grow back what it just dropped{scale_text}, product model "
-        "(diagnostic: bench/rigl_diagnostics.py)",
-        {**PRODUCT, "algorithm": "rigl_diagnostics.FreshRigL", **scale_cfg})
-    ROWS[f"prod_rigl_sinkhorn{scale}"] = (
-        f"RigL growing by |grad| rescaled to equal row and column sums{scale_text}, product "
-        "model (diagnostic: bench/rigl_diagnostics.py)",
-        {**PRODUCT, "algorithm": "rigl_diagnostics.SinkhornRigL", **scale_cfg})
+        f"RigL growing by |grad| rescaled to equal row and column sums (grow_score_scaling "
+        f"sinkhorn){scale_text}, product model",
+        {**PRODUCT, "algorithm": "rigl", "grow_score_scaling": "sinkhorn", **scale_cfg})
     ROWS[f"prod_rigl_fresh{scale}"] = (
         f"RigL that cannot grow back what it just dropped{scale_text}, product model "
         "(diagnostic: bench/rigl_diagnostics.py)",
@@ -148,7 +140,8 @@ for scale, (scale_text, scale_cfg) in SCALES.items():
 DEFAULTS = {"code": "head", "workers": "head", "update_every": STUDY["update_every"],
             "drop": STUDY["drop"], "distribution": "uniform", "grow_init": None,
             "balance_out_groups": None, "balance_in_groups": None, "balance": None,
-            "adam": "zero", "preset": "tiny", "steps": 1000, "algorithm": "dense"}
+            "grow_score_scaling": None, "adam": "zero", "preset": "tiny", "steps": 1000,
+            "algorithm": "dense"}
 # (hidden size, FFN size) of the presets, for one balance group per row or per column.
 PRESET_WIDTHS = {"tiny": (64, 160), "mini": (128, 352)}
 
@@ -172,7 +165,7 @@ def sparsity_section(cfg: dict[str, Any], seed: int) -> Any:
     section["drop_fraction"] = {"type": "cosine", "init": cfg["drop"], "half_period": stop}
     if cfg["algorithm"] == "granet":
         section["init_sparsity"] = 0.5
-    for key in ("grow_init", "balance_out_groups", "balance_in_groups"):
+    for key in ("grow_init", "balance_out_groups", "balance_in_groups", "grow_score_scaling"):
         if cfg[key] is not None:
             section[key] = cfg[key]
     hidden, ffn = PRESET_WIDTHS[cfg["preset"]]

@@ -26,6 +26,7 @@ __all__ = [
     "drop_minimum",
     "keep_top_active",
     "grow_maximum",
+    "sinkhorn_scaled",
     "ScoreShaper",
     "ScoreFlattener",
     "OutputGroupScoreShaper",
@@ -35,6 +36,28 @@ __all__ = [
     "FirstTieBreaker",
     "RandomTieBreaker",
 ]
+
+
+def sinkhorn_scaled(score: torch.Tensor, iterations: int = 20) -> torch.Tensor:
+    """A non-negative score times a positive factor per output row and per input column, chosen
+    (Sinkhorn-Knopp) so that every row sums alike and every column sums alike.
+
+    A weight's |gradient| is a sum over tokens of |δ_i x_j|: its size comes mostly from an outer
+    product of a per-row error scale and a per-column input scale, so a top-k on it piles onto
+    the same few rows and columns at every update. Dividing those scales out keeps what the
+    gradient says about which (row, column) pairs interact; a rank-1 score becomes uniform.
+    Weights of more than two dimensions are scaled as ``[out, -1]``. NaN stays NaN.
+    """
+    if score.dim() < 2:
+        return score
+    nan = score.isnan()
+    work = score.reshape(score.shape[0], -1).nan_to_num(0.0).double() + 1e-30  # no zero line
+    col = torch.ones(work.shape[1], dtype=work.dtype, device=work.device)
+    for _ in range(iterations):
+        row = 1.0 / (work @ col)
+        col = 1.0 / (work.T @ row)
+    scaled = (work * row[:, None] * col[None, :]).reshape(score.shape).to(score.dtype)
+    return scaled.masked_fill_(nan, math.nan)
 
 
 def keep_count(numel: int, sparsity: float) -> int:

@@ -6,8 +6,10 @@ from typing import Any
 
 import torch
 
-from ..masks import InputGroupScoreShaper, OutputGroupScoreShaper
+from ..masks import InputGroupScoreShaper, OutputGroupScoreShaper, sinkhorn_scaled
 from .set import SET
+
+GROW_SCORE_SCALINGS = (None, "sinkhorn")
 
 
 class RigL(SET):
@@ -17,7 +19,10 @@ class RigL(SET):
     micro-batches since zero_grad, all-reduced first under data parallelism). The paper's cosine
     drop fraction: ``drop_fraction={"type": "cosine", "init": 0.3, "half_period": T_end}``.
     ``balance_out_groups=n`` / ``balance_in_groups=n`` keep an equal count per group of rows /
-    columns (e.g. per attention head).
+    columns (e.g. per attention head). ``grow_score_scaling="sinkhorn"`` (not in the paper or
+    cstorch) grows by the |gradient| rescaled to equal row and column sums
+    (:func:`sparsity.masks.sinkhorn_scaled`), so growth does not pile onto the rows and columns
+    with the largest error and input scales (docs/results.md, "Why RigL trailed Static").
     """
 
     grows_by_gradient = True
@@ -30,6 +35,7 @@ class RigL(SET):
         drop_fraction: Any = 0.3,
         balance_in_groups: int | None = None,
         balance_out_groups: int | None = None,
+        grow_score_scaling: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(sparsity, update=update, drop_fraction=drop_fraction, **kwargs)
@@ -40,6 +46,10 @@ class RigL(SET):
             raise ValueError("set at most one of balance_in_groups and balance_out_groups")
         if (balance_in_groups or balance_out_groups) and kwargs.get("score_shaper") is not None:
             raise ValueError("give either score_shaper or balance_in_groups / balance_out_groups")
+        if grow_score_scaling not in GROW_SCORE_SCALINGS:
+            raise ValueError(f"grow_score_scaling must be one of {GROW_SCORE_SCALINGS}, "
+                             f"got {grow_score_scaling!r}")
+        self.grow_score_scaling = grow_score_scaling
         if balance_out_groups:
             self.shaper = OutputGroupScoreShaper(balance_out_groups)
         elif balance_in_groups:
@@ -48,4 +58,5 @@ class RigL(SET):
     def grow_score(self, p: torch.nn.Parameter) -> torch.Tensor:
         # In place: the captured copy exists for this update only, and a second tensor of the
         # parameter's size would cost a fresh allocation.
-        return self.dense_grad(p).abs_()
+        score = self.dense_grad(p).abs_()
+        return sinkhorn_scaled(score) if self.grow_score_scaling == "sinkhorn" else score

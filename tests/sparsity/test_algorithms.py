@@ -323,3 +323,32 @@ def test_erk_distribution_inside_an_algorithm():
     assert got["sparsity/1.weight/actual"] == pytest.approx(0.7698, abs=1e-3)
     assert got["sparsity/2.weight/actual"] == 0.0
     assert got["sparsity/global"] == pytest.approx(0.9, abs=1e-3)
+
+
+def _columns_grown(grow_score_scaling):
+    """Where one RigL update grows, when two input channels are 100x louder than the rest."""
+    torch.manual_seed(0)
+    model = nn.Linear(16, 16, bias=False)
+    alg = sparsity.RigL(sparsity=0.75, update=1, drop_fraction=0.5, seed=0,
+                        grow_score_scaling=grow_score_scaling)
+    model.apply(alg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    alg.apply(opt)
+    before = model.weight_mask.clone()
+    x = torch.randn(64, 16)
+    x[:, :2] *= 100
+    (model(x) * torch.randn(64, 16)).sum().backward()
+    opt.step()
+    return (model.weight_mask & ~before).sum(dim=0)
+
+
+def test_sinkhorn_grow_score_does_not_pile_onto_loud_input_columns():
+    plain, scaled = _columns_grown(None), _columns_grown("sinkhorn")
+    assert plain[:2].sum() >= 0.8 * plain.sum()  # |δ xᵀ| follows the loud channels
+    assert scaled[:2].sum() <= 0.4 * scaled.sum() and int((scaled > 0).sum()) >= 12
+
+
+def test_grow_score_scaling_is_checked_by_name():
+    with pytest.raises(ValueError, match="grow_score_scaling"):
+        sparsity.configure({"algorithm": "rigl", "sparsity": 0.5, "update": {"freq": 1},
+                            "grow_score_scaling": "softmax"})

@@ -117,3 +117,29 @@ def test_same_seed_gives_bit_identical_masks_and_losses(shape, algorithm, level,
     (masks_a, sd_a), (masks_b, sd_b) = runs
     assert all(torch.equal(masks_a[k], masks_b[k]) for k in masks_a)
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
+
+
+@settings(max_examples=50, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**16), spread=st.floats(0.0, 4.0))
+def test_sinkhorn_scaled_equalises_lines_and_keeps_cross_ratios(shape, seed, spread):
+    """Equal row sums and equal column sums; only per-row and per-column factors applied, so
+    every cross-ratio s_ij s_kl / (s_il s_kj), which is what RigL's choice still reads, stays."""
+    gen = torch.Generator().manual_seed(seed)
+    score = torch.exp(spread * torch.randn(shape, generator=gen, dtype=torch.float64))
+    scaled = sparsity.masks.sinkhorn_scaled(score, iterations=200)
+    rows, cols = scaled.sum(1), scaled.sum(0)
+    torch.testing.assert_close(rows, rows.mean().expand_as(rows), rtol=1e-3, atol=0)
+    torch.testing.assert_close(cols, cols.mean().expand_as(cols), rtol=1e-3, atol=0)
+    ratio = lambda s: s[0, 0] * s[1:, 1:] / (s[0, 1:] * s[1:, :1])  # noqa: E731
+    torch.testing.assert_close(ratio(scaled), ratio(score), rtol=1e-9, atol=0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**16))
+def test_sinkhorn_scaled_outer_product_is_uniform_and_nan_stays_nan(shape, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rank1 = (torch.rand(shape[0], 1, generator=gen) + 0.01) * (torch.rand(1, shape[1], generator=gen) + 0.01)
+    scaled = sparsity.masks.sinkhorn_scaled(rank1)
+    torch.testing.assert_close(scaled, scaled.mean().expand_as(scaled), rtol=1e-4, atol=0)
+    rank1[0, 0] = float("nan")
+    assert sparsity.masks.sinkhorn_scaled(rank1).isnan().nonzero().tolist() == [[0, 0]]

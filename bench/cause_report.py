@@ -53,7 +53,7 @@ def _gap(rows: dict[str, dict[str, Any]], before: str, after: str) -> str:
 
 def cause_table(cause: dict[str, Any]) -> list[str]:
     lines = ["| row | what changes | sparsity code | seeds | final eval ppl | eval loss | "
-             "ITOP | row fan-in CV |", "|---|---|---|---|---|---|---|---|"]
+             "ITOP | row fan-in CV | column fan-out CV |", "|---|---|---|---|---|---|---|---|---|"]
     for row in cause["rows"]:
         several = len(row["seeds"]) > 1
         ppl = f"{row['ppl_mean']:.3f}" + (f" ± {row['ppl_sd']:.3f}" if several else "")
@@ -61,8 +61,10 @@ def cause_table(cause: dict[str, Any]) -> list[str]:
         itop = f"{row['itop_rate']:.2f}" if row["itop_rate"] is not None else "—"
         structure = row.get("mask_structure")
         cv = f"{structure['row_cv']:.2f}" if structure else "—"
+        col_cv = f"{structure['col_cv']:.2f}" if structure and "col_cv" in structure else "—"
         lines.append(f"| `{row['row']}` | {row['description']} | {row['settings']['code']} | "
-                     f"{','.join(map(str, row['seeds']))} | {ppl} | {loss} | {itop} | {cv} |")
+                     f"{','.join(map(str, row['seeds']))} | {ppl} | {loss} | {itop} | {cv} | "
+                     f"{col_cv} |")
     return lines
 
 
@@ -154,6 +156,7 @@ def findings(cause: dict[str, Any]) -> list[str]:
                       f"{_gap(r, 'rigl_fix', 'rigl_fix_row')}" if "rigl_fix_row" in r else "")
                    + ". Balanced RigL still trails SET, which explores more (ITOP: share of "
                    "weights ever active) without piling up at all.")
+    out += product_findings(r)
     for row, base, what in (
             ("rigl_fix_balin", "rigl_fix", "Balancing per input column instead (`balance_in_groups` 32), RigL"),
             ("rigl_fix_bal_dt100", "rigl_fix_bal", "ΔT = 100 (the RigL paper's; 7 updates) instead of 75, balanced RigL"),
@@ -175,6 +178,60 @@ def findings(cause: dict[str, Any]) -> list[str]:
                 f"{label} {row['ppl_mean']:.3f}" + (f" ± {row['ppl_sd']:.3f}" if len(row["seeds"]) > 1
                                                     else "") + f" (seeds {','.join(map(str, row['seeds']))})"
                 for label, row in found) + ".")
+    return out
+
+
+def _cvs(row: dict[str, Any]) -> str:
+    structure = row["mask_structure"]
+    return f"row CV {structure['row_cv']:.2f}, column CV {structure['col_cv']:.2f}"
+
+
+def _sinkhorn_reading(r: dict[str, dict[str, Any]]) -> str:
+    """What the Sinkhorn row says about the cause, from its gaps to SET and to plain RigL."""
+    ours, set_, plain = r["prod_rigl_sinkhorn"], r["prod_set"], r["prod_rigl"]
+    if plain["ppl_mean"] - ours["ppl_mean"] <= max(plain["ppl_sd"], ours["ppl_sd"]):
+        return "Removing the pile-up does not help: it is not the cause."
+    vs_set = ours["ppl_mean"] - set_["ppl_mean"]
+    if abs(vs_set) <= max(ours["ppl_sd"], set_["ppl_sd"]):
+        return ("The pile-up is what costs RigL here; with it gone, gradient growth is level "
+                "with random growth at this budget, not ahead of it.")
+    if vs_set < 0:
+        return "The pile-up is what costs RigL here; with it gone, RigL leads SET."
+    return ("The pile-up costs RigL part of its gap; with it gone, RigL still trails SET, by "
+            "less.")
+
+
+def product_findings(r: dict[str, dict[str, Any]]) -> list[str]:
+    """The `prod_*` rows: the product's model at the study's cadence, the pile-up on both sides
+    of the gradient's outer product, and the two diagnostics that test it."""
+    needed = ("prod_static", "prod_set", "prod_rigl", "prod_rigl_row", "prod_rigl_col",
+              "prod_rigl_sinkhorn")
+    if not _has(r, *needed):
+        return []
+    out = [
+        "- **On the product's model (rows `prod_*`: this checkout's `workers/` model and "
+        "initialisation, ΔT = 100, as `make results` trains), the pile-up is on both sides of "
+        "the gradient's outer product.** Its largest entries sit where a large error δ_i meets a "
+        "large input x_j, so plain RigL piles onto few rows and few input columns "
+        f"(`prod_rigl`: {_cvs(r['prod_rigl'])}; SET: {_cvs(r['prod_set'])}). Balancing per output "
+        f"row (`prod_rigl_row`: {_cvs(r['prod_rigl_row'])}) or per input column (`prod_rigl_col`: "
+        f"{_cvs(r['prod_rigl_col'])}) only moves the pile-up to the other side; RigL moves by "
+        f"{_gap(r, 'prod_rigl', 'prod_rigl_row')} and {_gap(r, 'prod_rigl', 'prod_rigl_col')} and "
+        f"still trails SET ({r['prod_rigl_row']['ppl_mean']:.3f} and "
+        f"{r['prod_rigl_col']['ppl_mean']:.3f} vs {r['prod_set']['ppl_mean']:.3f}).",
+        "- **The test of that cause**: grow by the |gradient| rescaled to equal row and column "
+        "sums (`prod_rigl_sinkhorn`, `grow_score_scaling: sinkhorn`), which removes the "
+        "outer-product scale and keeps which (row, column) pairs interact "
+        f"({_cvs(r['prod_rigl_sinkhorn'])}, ITOP {r['prod_rigl_sinkhorn']['itop_rate']:.2f} vs "
+        f"SET {r['prod_set']['itop_rate']:.2f}). RigL then reaches "
+        f"{r['prod_rigl_sinkhorn']['ppl_mean']:.3f} ± {r['prod_rigl_sinkhorn']['ppl_sd']:.3f}: "
+        f"vs SET {_gap(r, 'prod_set', 'prod_rigl_sinkhorn')}, vs Static "
+        f"{_gap(r, 'prod_static', 'prod_rigl_sinkhorn')}, vs plain RigL "
+        f"{_gap(r, 'prod_rigl', 'prod_rigl_sinkhorn')}. {_sinkhorn_reading(r)}"]
+    if "prod_rigl_fresh" in r:
+        out.append("- **Not the cause: exploring fewer connections.** RigL that may not grow back "
+                   "what it just dropped (`prod_rigl_fresh`, bench/rigl_diagnostics.py) moves by "
+                   f"{_gap(r, 'prod_rigl', 'prod_rigl_fresh')}.")
     return out
 
 
@@ -201,8 +258,14 @@ DEFAULTS = [
     "`examples/study.yaml`; cstorch's `balance_out_groups`; 32 is the largest count dividing "
     "every layer's rows). A step toward constant fan-in (SRigL, Lasby et al. 2023), needed here "
     "because unbalanced gradient growth piles a 64-wide model's weights onto few neurons (rows "
-    "`rigl_fix`, `rigl_fix_bal`, `rigl_fix_row`). One group per row is better still but needs a "
-    "sparsity group per layer shape, which `algorithm_options` cannot express.",
+    "`rigl_fix`, `rigl_fix_bal`, `rigl_fix_row`). One group per row or per column is no better "
+    "on the product's model (`prod_rigl_row`, `prod_rigl_col`) and needs a sparsity group per "
+    "layer shape, which `algorithm_options` cannot express.",
+    "Not a default: `grow_score_scaling: sinkhorn`. It is the test of the cause and a knob of "
+    "this library, not part of RigL as published (the paper, its code, cstorch); the reference "
+    "study's RigL stays the published method, and `make results` runs the knob beside it "
+    "(`rigl-sinkhorn` below). A study can set it through `algorithm_options: {rigl: "
+    "{grow_score_scaling: sinkhorn}}`.",
 ]
 
 
@@ -257,9 +320,11 @@ def cause_section(cause: dict[str, Any], study_runs: list[dict[str, Any]]) -> li
         "rows differ only in what the row names. The loop is the study's without its CSR kernels, "
         "checkpoints and tracking. *sparsity code* `head` is the library of commit 8fc6848 (an "
         "entry dropped and regrown in one update restarts from zero), `new` the library of this "
-        "change (it keeps its value and Adam state). Row fan-in CV: coefficient of variation of "
-        "the active weights per output row at the end, mean over layers (a uniform random mask: "
-        "0.25).", "",
+        "change (it keeps its value and Adam state). Rows `prod_*` run this checkout's model "
+        "(`--workers-root .`: ModelZoo names and initialisation, as `make results`) at the "
+        "study's ΔT = 100; the others run commit 8fc6848's model. Row fan-in CV / column "
+        "fan-out CV: coefficient of variation of the active weights per output row / per input "
+        "column at the end, mean over layers (a uniform random mask: about 0.25).", "",
         "Produced by (one torch thread per run; `--code head` runs from a worktree of 8fc6848):", "",
         "```bash",
         "git worktree add --detach /tmp/csx-head 8fc6848",
@@ -267,6 +332,8 @@ def cause_section(cause: dict[str, Any], study_runs: list[dict[str, Any]]) -> li
         "--workers-root /tmp/csx-head --rows static,set,rigl,... --seeds 0,1,2",
         "python bench/rigl_cause.py run --code new --sparsity-root . --workers-root /tmp/csx-head "
         "--rows rigl_fix,set_fix,... --seeds 0,1,2",
+        "python bench/rigl_cause.py run --code new --sparsity-root . --workers-root . "
+        "--rows prod_static,prod_set,prod_rigl,... --seeds 0,1,2 --jobs 2",
         "python bench/rigl_cause.py render   # bench/results/rigl_cause.{json,md}",
         "```", "",
         f"Wall time: {cause['wall']}", "",

@@ -130,8 +130,8 @@ for scale, (scale_text, scale_cfg) in SCALES.items():
                 f"{'RigL' if algorithm == 'rigl' else 'GraNet'}{text}{scale_text}, product model",
                 {**PRODUCT, "algorithm": algorithm, **cfg, **scale_cfg})
     ROWS[f"prod_rigl_sinkhorn{scale}"] = (
-        f"RigL growing by |grad| rescaled to equal row and column sums (grow_score_scaling "
-        f"sinkhorn){scale_text}, product model",
+        f"RigL growing by the gradient magnitude rescaled to equal row and column sums "
+        f"(grow_score_scaling sinkhorn){scale_text}, product model",
         {**PRODUCT, "algorithm": "rigl", "grow_score_scaling": "sinkhorn", **scale_cfg})
     ROWS[f"prod_rigl_fresh{scale}"] = (
         f"RigL that cannot grow back what it just dropped{scale_text}, product model "

@@ -139,7 +139,7 @@ def findings(cause: dict[str, Any]) -> list[str]:
         s = {k: r[k].get("mask_structure") for k in ("rigl_fix", "set_fix", "rigl_fix_bal")
              if k in r}
         cv = ", ".join(f"{k} {v['row_cv']:.2f}" for k, v in s.items() if v)
-        out.append("- **What explains it at this width (64): gradient growth piles the weights onto few neurons.** A linear "
+        out.append("- **Gradient growth piles the weights onto few neurons.** A linear "
                    "layer's gradient is a sum of outer products δ xᵀ over the batch's tokens, so "
                    "its largest entries fall in the rows whose outputs carry the largest "
                    "back-propagated error, and those stay the same rows from update to update; "
@@ -154,8 +154,8 @@ def findings(cause: dict[str, Any]) -> list[str]:
                    + (f"; one group per row (constant fan-in as in SRigL, Lasby et al. 2023: "
                       "fan-in CV 0) moves it by "
                       f"{_gap(r, 'rigl_fix', 'rigl_fix_row')}" if "rigl_fix_row" in r else "")
-                   + ". Balanced RigL still trails SET, which explores more (ITOP: share of "
-                   "weights ever active) without piling up at all.")
+                   + ". Balanced RigL still trails SET, whose random growth piles up on "
+                   "neither side (next bullets).")
     out += product_findings(r)
     for row, base, what in (
             ("rigl_fix_balin", "rigl_fix", "Balancing per input column instead (`balance_in_groups` 32), RigL"),
@@ -367,23 +367,38 @@ def cause_section(cause: dict[str, Any], study_runs: list[dict[str, Any]]) -> li
 
 
 def scale_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
-    """Whether balanced RigL still trails Static at a larger width or a longer run: the part of
-    the gap that growth concentrating on few neurons does not explain."""
+    """Whether balanced RigL still trails Static at a larger width or a longer run, and whether
+    the pile-up explains it there too (the `prod_*` rows at that scale, where they ran)."""
     lines = []
     for suffix, what in (("_3k", "at 3000 steps"), ("_mini", "on `mini` (128 wide)")):
         rigl, static = rows.get("rigl_fix_bal" + suffix), rows.get("static" + suffix)
-        if not rigl or not static or min(len(rigl["seeds"]), len(static["seeds"])) < 2:
-            continue
-        gap = rigl["ppl_mean"] - static["ppl_mean"]
-        noise = max(rigl["ppl_sd"], static["ppl_sd"])
-        if gap > noise:
-            lines.append(f"- Balanced RigL still trails Static {what}: {rigl['ppl_mean']:.3f} vs "
-                         f"{static['ppl_mean']:.3f} ({gap:+.3f}, beyond the seed sd {noise:.3f}). "
-                         "Growth piling onto few neurons does not explain the whole gap there; "
-                         "these experiments do not say what does.")
-        else:
-            lines.append(f"- {what.capitalize()}, balanced RigL and Static agree within seed noise "
-                         f"({rigl['ppl_mean']:.3f} vs {static['ppl_mean']:.3f}, sd {noise:.3f}).")
+        product = [f"prod_{name}{suffix}" for name in ("static", "set", "rigl_bal", "rigl_sinkhorn")]
+        tested = _has(rows, *product) and min(len(rows[n]["seeds"]) for n in product) >= 2
+        if rigl and static and min(len(rigl["seeds"]), len(static["seeds"])) >= 2:
+            gap = rigl["ppl_mean"] - static["ppl_mean"]
+            noise = max(rigl["ppl_sd"], static["ppl_sd"])
+            if gap <= noise:
+                lines.append(f"- {what.capitalize()}, balanced RigL and Static agree within seed "
+                             f"noise ({rigl['ppl_mean']:.3f} vs {static['ppl_mean']:.3f}, sd "
+                             f"{noise:.3f}).")
+            else:
+                lines.append(f"- Balanced RigL still trails Static {what}: {rigl['ppl_mean']:.3f} "
+                             f"vs {static['ppl_mean']:.3f} ({gap:+.3f}, beyond the seed sd "
+                             f"{noise:.3f}). Balancing the rows leaves the columns piled; "
+                             + ("the product-model rows below test whether that is the rest of "
+                                "the gap." if tested else "no experiment at this scale tests "
+                                "whether that is the rest of the gap."))
+        if tested:
+            static_, set_, bal, ours = (rows[n] for n in product)
+            lines.append(f"- {what.capitalize()}, product model: Static "
+                         f"{static_['ppl_mean']:.3f} ± {static_['ppl_sd']:.3f}, SET "
+                         f"{set_['ppl_mean']:.3f} ± {set_['ppl_sd']:.3f}, balanced RigL "
+                         f"{bal['ppl_mean']:.3f} ± {bal['ppl_sd']:.3f}, Sinkhorn-scaled RigL "
+                         f"{ours['ppl_mean']:.3f} ± {ours['ppl_sd']:.3f} (seeds "
+                         f"{','.join(map(str, ours['seeds']))}): Sinkhorn-scaled RigL − SET "
+                         f"{_gap(rows, product[1], product[3])}, − Static "
+                         f"{_gap(rows, product[0], product[3])}, − balanced RigL "
+                         f"{_gap(rows, product[2], product[3])}.")
     return lines
 
 

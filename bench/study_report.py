@@ -155,6 +155,7 @@ def _sinkhorn_lines(by_variant: dict[str, list[dict]]) -> list[str]:
         runs = sorted(by_variant[name], key=lambda r: r["seed"])
         lines.append(f"| {name} | {fmt([r['final_ppl'] for r in runs])} | "
                      + ", ".join(f"{r['final_ppl']:.3f}" for r in runs) + " |")
+    lines.append("")
     ours = [r["final_ppl"] for r in by_variant[SINKHORN_VARIANT]]
     for name in ("set", "static", "rigl"):
         other = [r["final_ppl"] for r in by_variant[name]]

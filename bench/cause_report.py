@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.study_report import comparison_lines
+from bench.study_report import comparison_lines, fmt
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_SIZE_PARAMS = ROOT / "examples" / "modelzoo" / "params_llama2_7b_rigl80.yaml"
@@ -313,10 +313,6 @@ def verdict(runs: dict[str, list[float]]) -> str:
             + "; ".join(parts) + ".")
 
 
-def _mean_sd_text(values: list[float]) -> str:
-    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
-
-
 def summary_lines(cause: dict[str, Any], study_runs: list[dict[str, Any]]) -> list[str]:
     """The answer first: the cause, its test at each scale, and what `make results` shows."""
     r = _rows(cause)
@@ -361,7 +357,7 @@ def summary_lines(cause: dict[str, Any], study_runs: list[dict[str, Any]]) -> li
     names = ("static", "set", "rigl", "rigl-sinkhorn")
     if all(len(per_variant.get(n, [])) > 1 for n in names):
         lines.append("| `tiny`, `make results` (the product's training loop) | " + " | ".join(
-            _mean_sd_text(per_variant[n]) for n in names) + " |")
+            fmt(per_variant[n]) for n in names) + " |")
     lines += ["", "The reference study keeps RigL as published (with cstorch's row balancing), "
               "so its RigL still trails SET; `make results` reports that, and runs the "
               "Sinkhorn-scaled RigL beside it.", ""]

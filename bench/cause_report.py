@@ -228,6 +228,14 @@ def product_findings(r: dict[str, dict[str, Any]]) -> list[str]:
         f"vs SET {_gap(r, 'prod_set', 'prod_rigl_sinkhorn')}, vs Static "
         f"{_gap(r, 'prod_static', 'prod_rigl_sinkhorn')}, vs plain RigL "
         f"{_gap(r, 'prod_rigl', 'prod_rigl_sinkhorn')}. {_sinkhorn_reading(r)}"]
+    if _has(r, "prod_granet_bal", "prod_granet_sinkhorn"):
+        out.append("- GraNet grows the same way, and the same scaling moves it (the study's "
+                   f"balanced GraNet → Sinkhorn-scaled: {r['prod_granet_bal']['ppl_mean']:.3f} → "
+                   f"{r['prod_granet_sinkhorn']['ppl_mean']:.3f}, "
+                   f"{_gap(r, 'prod_granet_bal', 'prod_granet_sinkhorn')}). Against "
+                   "Sinkhorn-scaled RigL, GraNet − RigL "
+                   f"{_gap(r, 'prod_rigl_sinkhorn', 'prod_granet_sinkhorn')} (published: GraNet "
+                   "50→80% ≤ RigL 80%).")
     if any(r.get(f"prod_rigl_sinkhorn{suffix}", {}).get("settings", {}).get("algorithm")
            == "rigl_diagnostics.SinkhornRigL" for suffix in ("", "_mini", "_3k")):
         out.append("- Some Sinkhorn rows ran a bench-side class with the same arithmetic, before "

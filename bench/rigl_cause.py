@@ -129,10 +129,11 @@ for scale, (scale_text, scale_cfg) in SCALES.items():
             ROWS[f"prod_{algorithm}{suffix}{scale}"] = (
                 f"{'RigL' if algorithm == 'rigl' else 'GraNet'}{text}{scale_text}, product model",
                 {**PRODUCT, "algorithm": algorithm, **cfg, **scale_cfg})
-    ROWS[f"prod_rigl_sinkhorn{scale}"] = (
-        f"RigL growing by the gradient magnitude rescaled to equal row and column sums "
-        f"(grow_score_scaling sinkhorn){scale_text}, product model",
-        {**PRODUCT, "algorithm": "rigl", "grow_score_scaling": "sinkhorn", **scale_cfg})
+    for algorithm, label in (("rigl", "RigL"), ("granet", "GraNet")):
+        ROWS[f"prod_{algorithm}_sinkhorn{scale}"] = (
+            f"{label} growing by the gradient magnitude rescaled to equal row and column sums "
+            f"(grow_score_scaling sinkhorn){scale_text}, product model",
+            {**PRODUCT, "algorithm": algorithm, "grow_score_scaling": "sinkhorn", **scale_cfg})
     ROWS[f"prod_rigl_fresh{scale}"] = (
         f"RigL that cannot grow back what it just dropped{scale_text}, product model "
         "(diagnostic: bench/rigl_diagnostics.py)",

@@ -217,6 +217,15 @@ def processes_with_env(text: str) -> list[int]:
     return found
 
 
+def kill_and_expect_nothing_left(popen: subprocess.Popen, marker: str, timeout_s: float,
+                                 what: str) -> None:
+    """SIGKILL `popen` alone, as a crash would, then wait until no process whose environment
+    mentions `marker` is left: what it started must go with it."""
+    os.kill(popen.pid, signal.SIGKILL)
+    popen.wait(30)
+    wait_for(lambda: processes_with_env(marker) == [], timeout_s, what)
+
+
 def listening_sockets(pids: Iterable[int]) -> set[tuple[str, int]]:
     """(address, port) of every TCP socket in LISTEN state that one of `pids` holds (/proc)."""
     inodes = set()

@@ -23,7 +23,12 @@ from service.local_stack import (
     wait_for_line,
 )
 from service.ray_head import RayHead
-from service_helpers import REPO_ROOT, processes_with_env, wait_for
+from service_helpers import (
+    REPO_ROOT,
+    kill_and_expect_nothing_left,
+    processes_with_env,
+    wait_for,
+)
 
 TINY_STUDY = {
     "name": "tiny-study", "algorithms": ["dense", "rigl"], "sparsity": 0.8,
@@ -163,10 +168,8 @@ def test_ray_head_stops_ray_when_its_watcher_is_killed(tmp_path, monkeypatch):
         names = {Path(f"/proc/{pid}/comm").read_text().strip()
                  for pid in processes_with_env(str(tmp_path))}
         assert {"gcs_server", "raylet"} <= names, names
-        os.kill(head.popen.pid, signal.SIGKILL)
-        head.popen.wait(30)
-        wait_for(lambda: processes_with_env(str(tmp_path)) == [], 180,
-                 "every Ray process to exit after its watcher was killed")
+        kill_and_expect_nothing_left(head.popen, str(tmp_path), 180,
+                                     "every Ray process to exit after its watcher was killed")
     finally:
         head.close()
         for pid in processes_with_env(str(tmp_path)):  # a regression must not leak into the suite

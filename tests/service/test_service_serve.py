@@ -11,7 +11,6 @@ must be alive, and a third job must run to the end.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from service.local_stack import (
     wait_for_line,
     wait_until_up,
 )
-from service_helpers import processes_with_env, wait_for
+from service_helpers import kill_and_expect_nothing_left, wait_for
 
 TINY = {
     "train_input": {"batch_size": 2, "max_sequence_length": 8},
@@ -89,11 +88,9 @@ def test_serve_runs_jobs_after_the_first_ones_end_and_leaves_nothing_when_killed
         run_job()
         assert http.get("/v1/healthz").json()["scheduler"] == "running"
 
-        os.kill(server.popen.pid, signal.SIGKILL)
-        server.popen.wait(30)
         # The Ray head watches the pipe from the server: everything it ran goes too, agents
         # (ray::DashboardAgent, ray::RuntimeEnvAgent) and workers included.
-        wait_for(lambda: processes_with_env(str(tmp_path)) == [], 90,
-                 "every process the killed server started to exit")
+        kill_and_expect_nothing_left(server.popen, str(tmp_path), 90,
+                                     "every process the killed server started to exit")
     finally:
         server.stop()

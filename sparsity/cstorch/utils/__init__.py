@@ -1,0 +1,5 @@
+"""``cstorch.utils``: ``data`` (DataLoader, DataExecutor)."""
+
+from . import data
+
+__all__ = ["data"]

@@ -5,6 +5,8 @@ build the reference's weights and initial masks."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 from typing import Any
 
@@ -21,6 +23,17 @@ _WITH_GENERATOR = {
 _LIKE = {torch.rand_like: ("uniform_", (0.0, 1.0)), torch.randn_like: ("normal_", (0.0, 1.0))}
 
 
+@functools.lru_cache(maxsize=None)
+def _takes_generator(func: Any) -> bool:
+    """Builtins in the list above; Python functions (``torch.nn.init.*``) by their signature."""
+    if func in _WITH_GENERATOR:
+        return True
+    try:
+        return "generator" in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _fresh_generator() -> torch.Generator:
     seed = torch.randint(sys.maxsize, (1,), device="cpu", generator=torch.default_generator).item()
     return torch.Generator().manual_seed(seed)
@@ -33,7 +46,7 @@ class SeededGenerators(TorchFunctionMode):
             sampler, bounds = _LIKE[func]
             out = torch.empty_like(*args, **kwargs)
             return getattr(out, sampler)(*bounds, generator=_fresh_generator())
-        if func in _WITH_GENERATOR and kwargs.get("generator") is None:
+        if kwargs.get("generator") is None and _takes_generator(func):
             kwargs["generator"] = _fresh_generator()
         return func(*args, **kwargs)
 

@@ -18,11 +18,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["GradScaler", "optimizer_step", "set_half_dtype", "get_half_dtype", "use_bfloat16", "autocast",
+__all__ = ["init", "GradScaler", "optimizer_step", "set_half_dtype", "get_half_dtype", "use_bfloat16", "autocast",
            "isfinite", "update_if_finite", "mixed_precision", "enable_mixed_precision"]
 
 _state: dict[str, Any] = {"half_dtype": torch.float16, "enabled": False}
 _HALF_TYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "cbfloat16": torch.bfloat16}
+
+
+def init(enabled: bool = True, enable_caching: bool = True, verbose: bool = False,
+         allow_banned: bool = False) -> None:
+    """cstorch's automatic-cast setup (its CSX backend calls it); nothing to set up here."""
 
 
 def set_half_dtype(value: str | torch.dtype) -> torch.dtype:

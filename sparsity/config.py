@@ -15,6 +15,8 @@ Any other key is a ValueError that names it and lists the allowed ones.
 
 Legacy keys (1.8 / 2.1):
 
+- ``add_summaries`` (ModelZoo 2.0's switch for sparsity summaries): accepted, true or false;
+  every csx-sparse run logs ``sparsity/<name>/target`` and ``/actual`` anyway.
 - ``type: sideband`` is the 1.x name of ``static``.
 - ``param_name_patterns``: a regex, a list of regexes (``re.search`` on the parameter name), or
   a dict ``regex → options`` that makes one group per pattern, in order, each pattern's options
@@ -61,7 +63,8 @@ DEFAULT_ALGORITHM = "static"
 # ModelZoo 1.x called static sparsity "sideband" (the masks rode along as a side band).
 _LEGACY_ALGORITHM_NAMES = {"sideband": "static"}
 # Keys configure() interprets itself; every other key must be a constructor parameter.
-_CONFIG_KEYS = frozenset({"algorithm", "type", "schedule", "param_name_patterns", "sparsity_schedule"})
+_CONFIG_KEYS = frozenset({"algorithm", "type", "schedule", "param_name_patterns", "sparsity_schedule",
+                          "add_summaries"})
 _CADENCE_KEYS = frozenset({"freq", "start", "stop", "steps"})
 
 
@@ -168,6 +171,8 @@ def _build_algorithm(
             f"{where}: unknown key(s) {unknown} for algorithm {cls.__name__.lower()!r}; "
             f"allowed: {sorted(accepted | _CONFIG_KEYS)}"
         )
+    if not isinstance(config.get("add_summaries", False), bool):
+        raise ValueError(f"{where}.add_summaries: expected true or false, got {config['add_summaries']!r}")
     kwargs = {k: v for k, v in config.items() if k not in _CONFIG_KEYS}
     sparsity_key, sparsity_value, cadence_key, cadence = _sparsity_and_cadence(config, where)
     if sparsity_key is not None:

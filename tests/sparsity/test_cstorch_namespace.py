@@ -359,3 +359,11 @@ def test_drop_then_grow_keeps_cstorch_counts(rows, row_len, level, drop, seed):
                                          torch.tensor(level), kept, shaper)
     assert (grown & kept_mask).equal(kept_mask)
     assert grown.reshape(rows, -1).sum(1).tolist() == [max(target, int(kept))] * rows
+
+
+def test_our_own_configure_accepts_add_summaries_and_names_a_bad_value():
+    import sparsity
+
+    assert isinstance(sparsity.configure({"sparsity": 0.5, "add_summaries": True}), sparsity.Static)
+    with pytest.raises(ValueError, match="add_summaries"):
+        sparsity.configure({"sparsity": 0.5, "add_summaries": "yes"})

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .._subclasses import concrete_subclasses
 from . import lr_scheduler
 from .lr_scheduler import LRScheduler
 from .optimizer import SGD, Adam, AdamW, Lion, Optimizer, torch_backed
@@ -24,16 +25,6 @@ __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Lion", *(n for n in _TORCH_NAME
 _OPTIMIZER_ALIASES = {"weight_decay": ("weight_decay_rate",), "betas": ("beta1", "beta2"), "eps": ("eps1", "eps2")}
 _SCHEDULER_ALIASES = {"total_iters": ("steps", "decay_steps"), "initial_learning_rate": ("learning_rate", "base_lr"),
                       "learning_rates": ("values",), "milestones": ("boundaries",)}
-
-
-def _optimizer_classes() -> dict[str, type]:
-    found, pending = {}, list(Optimizer.__subclasses__())
-    while pending:
-        cls = pending.pop()
-        pending.extend(cls.__subclasses__())
-        if not cls.__name__.startswith("_"):
-            found.setdefault(cls.__name__.lower(), cls)
-    return found
 
 
 def _constructor_kwargs(cls: type, options: dict[str, Any], aliases: dict[str, tuple[str, ...]],
@@ -61,7 +52,7 @@ def configure_optimizer(optimizer_type: str, params: Any, **kwargs: Any) -> Opti
     """The optimizer named ``optimizer_type`` (any case) over ``params``; ``learning_rate`` is
     its ``lr``, ``optim_params`` a nested dict of more options."""
     options = {**{k: v for k, v in kwargs.items() if k != "optim_params"}, **kwargs.get("optim_params", {})}
-    known = _optimizer_classes()
+    known = concrete_subclasses(Optimizer)
     cls = known.get(str(optimizer_type).lower())
     if cls is None:
         raise ValueError(f"optimizer_type must be one of {sorted(known)}, got {optimizer_type!r}")
@@ -71,19 +62,10 @@ def configure_optimizer(optimizer_type: str, params: Any, **kwargs: Any) -> Opti
     return cls(params, **_constructor_kwargs(cls, options, _OPTIMIZER_ALIASES, "optimizer", "params"))
 
 
-def _scheduler_classes() -> dict[str, type]:
-    found, pending = {}, list(LRScheduler.__subclasses__())
-    while pending:
-        cls = pending.pop()
-        pending.extend(cls.__subclasses__())
-        found.setdefault(cls.__name__.lower(), cls)
-    return found
-
-
 def _one_scheduler(optimizer: torch.optim.Optimizer, config: dict[str, Any]) -> LRScheduler:
     options = dict(config)
     name = str(options.pop("scheduler", "")).lower()
-    known = _scheduler_classes()
+    known = concrete_subclasses(LRScheduler)
     cls = known.get(name) or known.get(f"{name}lr")
     if cls is None:
         raise ValueError(f"learning_rate.scheduler must be one of {sorted(known)}, got {name!r}")

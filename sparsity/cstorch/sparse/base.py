@@ -19,7 +19,6 @@ lifecycle, on any ``torch.optim`` optimizer.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ...base import _outermost_apply_root
 from .._device_rng import Device
 from .._runtime import RUNTIME
 from .init import make_init_method
@@ -358,12 +358,3 @@ class SparseParameter:
 
     def __repr__(self) -> str:
         return f"SparseParameter({self.name})"
-
-
-def _outermost_apply_root(module: nn.Module) -> nn.Module:
-    root, frame = module, sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is nn.Module.apply.__code__:
-            root = frame.f_locals["self"]
-        frame = frame.f_back
-    return root

@@ -10,12 +10,12 @@ through ``cstorch.summarize_scalar``), and the algorithm's own keywords.
 from __future__ import annotations
 
 import copy
-import inspect
 import warnings
 from typing import Any
 
 import torch
 
+from .._subclasses import concrete_subclasses
 from .base import SparsityAlgorithm
 from .group import Group
 
@@ -29,19 +29,9 @@ def default_sparse_param_filter(name: str, param: torch.Tensor | None) -> bool:
     return param is not None and param.dim() > 1 and not any(word in lowered for word in _EXCLUDED_WORDS)
 
 
-def _algorithm_classes() -> dict[str, type[SparsityAlgorithm]]:
-    found, pending = {}, list(SparsityAlgorithm.__subclasses__())
-    while pending:
-        cls = pending.pop()
-        pending.extend(cls.__subclasses__())
-        if not inspect.isabstract(cls) and not issubclass(cls, Group):
-            found.setdefault(cls.__name__.lower(), cls)
-    return found
-
-
 def map_sparsity_algorithm(algorithm: str) -> type[SparsityAlgorithm]:
     """The class named ``algorithm`` (any case), user subclasses included."""
-    known = _algorithm_classes()
+    known = {name: cls for name, cls in concrete_subclasses(SparsityAlgorithm).items() if not issubclass(cls, Group)}
     cls = known.get(str(algorithm).lower())
     if cls is None:
         raise ValueError(f"Unsupported sparsity algorithm: {algorithm!r}. Supported: {sorted(known)}")

@@ -11,13 +11,14 @@ its in-place step tensor and freezes such a schedule at its first value.
 
 from __future__ import annotations
 
-import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from .._subclasses import concrete_subclasses
 
 __all__ = [
     "HyperParameterSchedule", "Constant", "Linear", "Exp", "Power", "Cosine", "Cycling", "Lambda",
@@ -185,16 +186,6 @@ class Lambda(HyperParameterSchedule):
         return None
 
 
-def _concrete_subclasses(base: type) -> dict[str, type]:
-    found, pending = {}, list(base.__subclasses__())
-    while pending:
-        cls = pending.pop()
-        pending.extend(cls.__subclasses__())
-        if not inspect.isabstract(cls):
-            found.setdefault(cls.__name__.lower(), cls)
-    return found
-
-
 def make_hyperparam_schedule(schedule: Any) -> HyperParameterSchedule:
     """A number → Constant, a list → Cycling, ``{"type": name, ...}`` → that class (any
     subclass, by lowercase name), a one-argument callable → Lambda, a schedule → itself."""
@@ -209,7 +200,7 @@ def make_hyperparam_schedule(schedule: Any) -> HyperParameterSchedule:
     if isinstance(schedule, dict):
         options = dict(schedule)
         name = options.pop("type", None)
-        known = _concrete_subclasses(HyperParameterSchedule)
+        known = concrete_subclasses(HyperParameterSchedule)
         if not name or str(name).lower() not in known:
             raise ValueError(f"schedule 'type' must be one of {sorted(known)}, got {name!r}")
         return known[str(name).lower()](**options)

@@ -79,14 +79,21 @@ def configure(config: Any, *, param_filter: ParamFilter | None = None) -> Sparsi
 
 
 def configure_sparsity_wrapper(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Any
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Any, **options: Any
 ) -> SparsityWrapperOptimizer:
     """Sparsifies ``model`` and returns a drop-in replacement for ``optimizer`` whose ``step()``
     keeps the masks and whose ``state_dict()`` / ``load_state_dict()`` carry the sparsity state.
 
-    ``config`` is a raw config (see :func:`configure`) or an algorithm built already; the
-    algorithm is ``wrapper.algorithm`` either way (for metrics).
+    ``config`` is a raw config (see :func:`configure`), an algorithm built already, or, as
+    cstorch 2.0 called it, an algorithm name with the options as keywords
+    (``configure_sparsity_wrapper(model, opt, "rigl", sparsity=0.9, schedule=100,
+    param_name_patterns=...)``). The algorithm is ``wrapper.algorithm`` either way (for metrics).
     """
+    if isinstance(config, str):
+        config = {"algorithm": config, **options}
+    elif options:
+        raise ValueError(f"configure_sparsity_wrapper: keyword options {sorted(options)} go with an "
+                         "algorithm name as the third argument, not with a config")
     algorithm = config if isinstance(config, SparsityAlgorithm) else configure(config)
     algorithm.apply(model)
     return SparsityWrapperOptimizer(optimizer, algorithm)

@@ -28,7 +28,20 @@ __all__ = [
     "amp", "optim", "sparse", "utils", "backend", "Backend", "current_backend", "current_torch_device", "use_cs",
     "compile", "trace", "step_closure", "checkpoint_closure", "name_scope", "save", "load", "current_executor",
     "summarize_scalar", "summarize_tensor", "set_summary_writer", "summaries", "summarize_sparsity",
+    "ones", "ones_like", "zeros", "zeros_like", "full", "full_like", "tensor", "from_numpy", "to_numpy",
 ]
+
+# cstorch's device-aware tensor factories: on the CPU, PyTorch's own
+ones, ones_like, zeros, zeros_like = torch.ones, torch.ones_like, torch.zeros, torch.zeros_like
+full, full_like, tensor = torch.full, torch.full_like, torch.tensor
+
+
+def from_numpy(array: Any) -> torch.Tensor:
+    return torch.from_numpy(array)
+
+
+def to_numpy(value: torch.Tensor) -> Any:
+    return value.detach().cpu().numpy()
 
 
 def backend(backend_type: str = "CPU", *args: Any, **kwargs: Any) -> Backend:

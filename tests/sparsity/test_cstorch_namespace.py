@@ -367,3 +367,18 @@ def test_our_own_configure_accepts_add_summaries_and_names_a_bad_value():
     assert isinstance(sparsity.configure({"sparsity": 0.5, "add_summaries": True}), sparsity.Static)
     with pytest.raises(ValueError, match="add_summaries"):
         sparsity.configure({"sparsity": 0.5, "add_summaries": "yes"})
+
+
+def test_our_own_configure_sparsity_wrapper_takes_the_2_0_signature_too():
+    import sparsity
+
+    model = mlp()
+    wrapper = sparsity.configure_sparsity_wrapper(model, torch.optim.SGD(model.parameters(), lr=0.1), "rigl",
+                                                  sparsity=0.75, schedule=2, param_name_patterns=r"0\.weight")
+    for i in range(4):
+        step(model, wrapper, i)
+    assert sorted(masks(model)) == ["0.weight_mask"] and int(model[0].weight_mask.sum()) == 32
+    assert wrapper.state_dict()["sparsity"]["step"] == 4
+    with pytest.raises(ValueError, match="keyword options"):
+        sparsity.configure_sparsity_wrapper(model, torch.optim.SGD(model.parameters(), lr=0.1), {"sparsity": 0.5},
+                                            schedule=2)

@@ -21,7 +21,7 @@ _spec.loader.exec_module(harness)
 def test_every_script_has_a_recorded_fixture_and_differs_from_ours_by_one_import_line():
     names = harness.script_names()
     assert {"custom_algorithm", "modelzoo_loop", "research_resume", "algorithms", "checkpoints",
-            "lr_schedulers"} <= set(names)
+            "lr_schedulers", "accumulation"} <= set(names)
     for name in names:
         assert (harness.FIXTURES / f"{name}.pt").is_file(), name
         reference, ours = harness.source_for(name, "reference"), harness.source_for(name, "ours")

@@ -102,10 +102,9 @@ class Group(SparsityAlgorithm):
     def sparsify_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         super().sparsify_optimizer(optimizer)
         for entry in self._groups:
-            entry.algorithm.sparsify_optimizer(optimizer)  # returns at once: already sparse ...
-            if hasattr(entry.algorithm, "_clear_dense_grads"):  # ... but RigL still clears its grads
-                from .rigl import _after_zero_grad
-                _after_zero_grad(optimizer, entry.algorithm._clear_dense_grads)
+            # the optimizer is sparse already, so no second set of step hooks; RigL still hooks
+            # zero_grad to clear its dense gradients
+            entry.algorithm.sparsify_optimizer(optimizer)
 
     def update(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         for entry in self._groups:

@@ -382,3 +382,17 @@ def test_our_own_configure_sparsity_wrapper_takes_the_2_0_signature_too():
     with pytest.raises(ValueError, match="keyword options"):
         sparsity.configure_sparsity_wrapper(model, torch.optim.SGD(model.parameters(), lr=0.1), {"sparsity": 0.5},
                                             schedule=2)
+
+
+def test_use_bfloat16_picks_the_half_type_autocast_runs_in():
+    model = mlp()
+    try:
+        cstorch.amp.use_bfloat16(True)
+        with cstorch.amp.autocast():
+            assert model(torch.randn(2, 8)).dtype == torch.bfloat16
+        cstorch.amp.set_half_dtype("float16")
+        assert cstorch.amp.get_half_dtype() == torch.float16
+        with pytest.raises(ValueError, match="half dtype"):
+            cstorch.amp.set_half_dtype("float8")
+    finally:
+        cstorch.amp.set_half_dtype("float16")

@@ -19,7 +19,6 @@ class Backend:
 
     backend_type: str = "CPU"
     options: dict[str, Any] = field(default_factory=dict)
-
     device: Device = field(default_factory=Device)
 
     @property
@@ -44,7 +43,7 @@ class Runtime:
         self._sparsity: list[weakref.ref] = []
 
     def register_sparsity(self, algorithm: Any) -> None:
-        self._sparsity.append(weakref.ref(algorithm))
+        self._sparsity = [ref for ref in self._sparsity if ref() is not None] + [weakref.ref(algorithm)]
 
     def sparsity_algorithms(self) -> list[Any]:
         """Every live algorithm in construction order (cstorch initialises them in this order,

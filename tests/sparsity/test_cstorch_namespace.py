@@ -396,3 +396,30 @@ def test_use_bfloat16_picks_the_half_type_autocast_runs_in():
             cstorch.amp.set_half_dtype("float8")
     finally:
         cstorch.amp.set_half_dtype("float16")
+
+
+def test_an_lr_scheduler_resumes_from_its_state_dict_nested_ones_included():
+    def build():
+        optimizer = cstorch.optim.SGD(mlp().parameters(), lr=1.0)
+        lr = cstorch.optim.lr_scheduler
+        scheduler = lr.SequentialLR(optimizer, [lr.LinearLR(optimizer, initial_learning_rate=0.0, end_learning_rate=0.1,
+                                                            total_iters=3),
+                                                lr.StepLR(optimizer, initial_learning_rate=0.1, step_size=2, gamma=0.5)],
+                                    milestones=[3])
+        return optimizer, scheduler
+
+    optimizer, scheduler = build()
+    for _ in range(5):
+        scheduler.step()
+    saved = scheduler.state_dict()
+    expected = []
+    for _ in range(3):
+        scheduler.step()
+        expected.append(optimizer.param_groups[0]["lr"])
+    optimizer, resumed = build()
+    resumed.load_state_dict(saved)
+    got = []
+    for _ in range(3):
+        resumed.step()
+        got.append(optimizer.param_groups[0]["lr"])
+    assert got == pytest.approx(expected) and resumed.last_epoch == 8

@@ -80,10 +80,28 @@ class LRScheduler:
 
     # --------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        return {key: value for key, value in self.__dict__.items() if key not in ("optimizer", "_schedulers", "_nested")}
+        """Plain values; schedulers held inside (Sequential, Chained, ScalePerParam) as their
+        own state dicts."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers", "_nested")}
+        for key in ("_schedulers", "_nested"):
+            held = self.__dict__.get(key)
+            if isinstance(held, list):
+                state[key] = [s.state_dict() if isinstance(s, LRScheduler) else None for s in held]
+            elif isinstance(held, LRScheduler):
+                state[key] = held.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.__dict__.update({k: v for k, v in state_dict.items() if k not in ("_schedulers", "_nested")})
+        for key, value in state_dict.items():
+            held = self.__dict__.get(key)
+            if key == "_schedulers" and isinstance(held, list):
+                for scheduler, state in zip(held, value):
+                    if isinstance(scheduler, LRScheduler) and state is not None:
+                        scheduler.load_state_dict(state)
+            elif key == "_nested" and isinstance(held, LRScheduler):
+                held.load_state_dict(value)
+            else:
+                self.__dict__[key] = value
         self.last_epoch = int(self.last_epoch)
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import math
 
+from typing import Any
+
 import torch
 
 __all__ = [
@@ -116,7 +118,11 @@ def apply_mask_(mask: torch.Tensor, *tensors: torch.Tensor) -> None:
 
 
 class TieBreaker:
-    """Orders equal scores: among ties, the smallest key wins (equal keys: the lower index)."""
+    """Orders equal scores: among ties, the smallest key wins (equal keys: the lower index).
+
+    A subclass written to cstorch 2.0's protocol, ``__call__(score) -> score`` (separating ties
+    by small offsets), is honoured: its call transforms the scores before each selection.
+    """
 
     def keys(self, indices: torch.Tensor) -> torch.Tensor:
         return indices
@@ -158,7 +164,29 @@ class RandomTieBreaker(TieBreaker):
 
 
 class ScoreShaper:
-    """Reshapes a parameter-shaped score into ``[groups, members]`` and back."""
+    """Reshapes a parameter-shaped score into ``[groups, members]`` and back.
+
+    A subclass written to cstorch's protocol, ``__call__(tensor) -> (rows, unshape)`` and
+    nothing else, works as is: ``shape``, ``unshape`` and ``groups`` are derived from its call.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__call__" in cls.__dict__ and "shape" not in cls.__dict__:
+            cls.shape = ScoreShaper._shape_by_call  # type: ignore[method-assign]
+            cls.unshape = ScoreShaper._unshape_by_call  # type: ignore[method-assign]
+            cls.groups = ScoreShaper._groups_by_call  # type: ignore[method-assign]
+
+    def _shape_by_call(self, score: torch.Tensor) -> torch.Tensor:
+        rows, _ = self(score)  # type: ignore[operator]
+        return rows.reshape(1, -1) if rows.dim() == 1 else rows
+
+    def _unshape_by_call(self, grouped: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        rows, unshape = self(torch.empty(shape, dtype=grouped.dtype))  # type: ignore[operator]
+        return unshape(grouped.reshape(rows.shape))
+
+    def _groups_by_call(self, shape: torch.Size) -> int:
+        return self._shape_by_call(torch.empty(shape)).shape[0]
 
     def groups(self, shape: torch.Size) -> int:
         return 1
@@ -289,6 +317,8 @@ def _select_rows(
     among the ``eligible`` ones (all when None); ``k`` is clamped to the eligible count."""
     counts = [int(k)] * values.shape[0] if isinstance(k, int) else k.reshape(-1).tolist()
     ties = tie_breaker or FirstTieBreaker()
+    if callable(ties):  # cstorch's protocol: the scores themselves are made distinct
+        values, ties = ties(values).float(), FirstTieBreaker()
     rows = [_select(values[row], count, None if eligible is None else eligible[row], ties, largest)
             for row, count in enumerate(counts)]
     return torch.stack(rows) if len(rows) > 1 else rows[0].unsqueeze(0)

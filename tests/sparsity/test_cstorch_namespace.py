@@ -423,3 +423,28 @@ def test_an_lr_scheduler_resumes_from_its_state_dict_nested_ones_included():
         resumed.step()
         got.append(optimizer.param_groups[0]["lr"])
     assert got == pytest.approx(expected) and resumed.last_epoch == 8
+
+
+def test_our_own_api_honours_shapers_and_tie_breakers_written_to_cstorchs_call_protocol():
+    import sparsity
+
+    class Halves(sparsity.ScoreShaper):
+        def __call__(self, tensor):
+            return tensor.reshape(2, -1), lambda rows: rows.reshape(tensor.shape)
+
+    model = mlp()
+    alg = sparsity.SET(sparsity=0.5, update={"freq": 1}, score_shaper=Halves(), param_filter="0.weight")
+    model.apply(alg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    alg.apply(optimizer)
+    for i in range(3):
+        step(model, optimizer, i)
+    assert model[0].weight_mask.reshape(2, -1).sum(1).tolist() == [32, 32]
+
+    class PreferLast(sparsity.ScoreTieBreaker):
+        def __call__(self, score):
+            return score + torch.arange(score.numel()).reshape(score.shape) * 1e-6
+
+    tied = torch.ones(1, 6)
+    assert sparsity.topk_mask(tied, 2, PreferLast()).tolist() == [[False] * 4 + [True] * 2]
+    assert sparsity.topk_mask(tied, 2).tolist() == [[True] * 2 + [False] * 4]

@@ -29,6 +29,7 @@ import fnmatch
 import importlib
 import inspect
 import sys
+import warnings
 import zlib
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -41,10 +42,10 @@ from torch.utils.hooks import RemovableHandle
 
 from .distributions import get_distribution
 from .init_methods import INIT_METHODS
-from .keeping import MaskKeeper, SparseParam
-from .masks import RandomTieBreaker, TieBreaker
+from .keeping import MaskKeeper, SparseParam, fill_missing_mask
+from .masks import RandomTieBreaker, TieBreaker, keep_count
 from .stats import MaskStats
-from .schedules import Schedule, make_schedule, make_update_schedule
+from .schedules import Constant, Schedule, make_schedule, make_update_schedule
 
 __all__ = [
     "SparsityAlgorithm",
@@ -151,6 +152,7 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         self._zeros_in = {}
         self._masking_task = -1
         self._targets: dict[str, float] = {}
+        self._load_hooked: set[int] = set()
         self.stats = MaskStats()
 
     def _schedule_period(self) -> int:
@@ -198,7 +200,45 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         self._record_targets(targets)
         self.mask_weights()
         self._hook_gradients()
+        self._hook_checkpoint_loading(model)
         self._notify_computed()
+
+    def _hook_checkpoint_loading(self, model: nn.Module) -> None:
+        """A plain ``model.load_state_dict`` reads NaN-sentinel and dense checkpoints too (see
+        :func:`~sparsity.keeping.fill_missing_mask`), and after it a fixed mask is moved to the
+        configured level (with a warning) if the checkpoint's is another one."""
+        for sp in self._params:
+            if id(sp.module) in self._load_hooked:
+                continue
+            self._load_hooked.add(id(sp.module))
+            sp.module._register_load_state_dict_pre_hook(self._fill_missing_masks_of(sp.module))
+        if id(model) not in self._load_hooked:
+            self._load_hooked.add(id(model))
+            model.register_load_state_dict_post_hook(lambda _module, _keys: self._after_checkpoint_load())
+
+    def _fill_missing_masks_of(self, module: nn.Module) -> Callable[..., None]:
+        def fill(state_dict: dict[str, Any], prefix: str, *_args: Any) -> None:
+            for sp in self._params:
+                if sp.module is module:
+                    fill_missing_mask(state_dict, prefix, sp.mask_name[: -len("_mask")], sp.mask_name, sp.mask)
+        return fill
+
+    @torch.no_grad()
+    def _after_checkpoint_load(self) -> None:
+        if isinstance(self.sparsity, Constant) and not isinstance(self, DynamicSparsityAlgorithm):
+            from .checkpoint import move_to_level  # checkpoint imports this module
+
+            targets = self.layer_targets(self.step)
+            for sp in self._params:
+                wanted, kept = keep_count(sp.mask.numel(), targets[sp.name]), int(sp.mask.sum())
+                if kept != wanted:
+                    warnings.warn(
+                        f"{sp.name}: the checkpoint's mask keeps {kept} of {sp.mask.numel()}; the configured "
+                        f"sparsity {targets[sp.name]:.4f} keeps {wanted}. Moving the mask to the configured "
+                        "level (smallest |w| pruned, or random positions regrown at 0).", stacklevel=3)
+                    sp.mask = move_to_level(sp.param.detach(), sp.mask, wanted,
+                                            self.generator(sp.name, purpose="restart"))
+        self.mask_weights()
 
     def _before_first_mask(self, params: list[SparseParam]) -> None:
         """Called by ``apply(model)`` with the parameters claimed, before they are masked."""

@@ -53,6 +53,27 @@ class SparseParam:
         return self.param.data
 
 
+def fill_missing_mask(state_dict: dict[str, Any], prefix: str, param_name: str, mask_name: str,
+                      current_mask: torch.Tensor) -> str:
+    """Lets a plain ``load_state_dict`` of a masked module read a checkpoint without a
+    ``<param>_mask`` entry, in place: a weight holding NaN (cstorch 1.x's sentinel for pruned
+    positions) gets the mask ``isfinite(weight)`` and 0 at those positions; a dense weight gets
+    ``current_mask`` (the algorithm keeps its own mask). Returns ``"mask"`` (the checkpoint has
+    one), ``"nan"``, ``"dense"``, or ``""`` (no such weight)."""
+    mask_key, weight_key = prefix + mask_name, prefix + param_name
+    if mask_key in state_dict:
+        return "mask"
+    weight = state_dict.get(weight_key)
+    if not isinstance(weight, torch.Tensor):
+        return ""
+    if weight.is_floating_point() and bool(torch.isnan(weight).any()):
+        state_dict[mask_key] = torch.isfinite(weight)
+        state_dict[weight_key] = torch.nan_to_num(weight, nan=0.0)
+        return "nan"
+    state_dict[mask_key] = current_mask.detach().clone()
+    return "dense"
+
+
 class MaskKeeper:
     """Step-by-step masking for a sparsity algorithm (see the module docstring)."""
 

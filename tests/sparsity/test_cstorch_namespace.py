@@ -448,3 +448,33 @@ def test_our_own_api_honours_shapers_and_tie_breakers_written_to_cstorchs_call_p
     tied = torch.ones(1, 6)
     assert sparsity.topk_mask(tied, 2, PreferLast()).tolist() == [[False] * 4 + [True] * 2]
     assert sparsity.topk_mask(tied, 2).tolist() == [[True] * 2 + [False] * 4]
+
+
+def test_our_own_api_loads_nan_sentinel_and_dense_checkpoints_and_applies_a_changed_level():
+    import sparsity
+
+    def sparse_model(level, seed):
+        model = mlp(seed)
+        alg = sparsity.Static(sparsity=level)
+        model.apply(alg)
+        return model, alg
+
+    saved, _ = sparse_model(0.5, 1)
+    checkpoint = saved.state_dict()
+    nan_form = {k: v for k, v in sparsity.checkpoint.finalize(checkpoint, mode="nan").items()}
+    model, _ = sparse_model(0.5, 2)
+    model.load_state_dict(nan_form)  # strict, no _mask keys
+    assert torch.equal(model[0].weight_mask, checkpoint["0.weight_mask"])
+    assert not torch.isnan(model[0].weight).any()
+
+    dense = mlp(3).state_dict()
+    model, _ = sparse_model(0.5, 2)
+    before = model[0].weight_mask.clone()
+    model.load_state_dict(dense)  # a dense start: our mask stays, the loaded weights are masked
+    assert torch.equal(model[0].weight_mask, before) and not model[0].weight[~before].any()
+
+    model, _ = sparse_model(0.8, 4)
+    with pytest.warns(UserWarning, match="configured"):
+        model.load_state_dict(checkpoint)  # a 50% checkpoint under an 80% config
+    kept = model[0].weight_mask
+    assert int(kept.sum()) == sparsity.keep_count(128, 0.8) and not (kept & ~checkpoint["0.weight_mask"]).any()

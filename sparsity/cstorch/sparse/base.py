@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ...base import _outermost_apply_root
+from ...keeping import fill_missing_mask
 from .._device_rng import Device
 from .._runtime import RUNTIME
 from .init import make_init_method
@@ -314,23 +315,9 @@ class SparseParameter:
 
     # ---------------------------------------------------------------- checkpoint loading
     def _before_load(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        mask_key, weight_key = f"{prefix}{self.mask_name}", f"{prefix}{self.param_name}"
-        if mask_key in state_dict:
-            self._loaded_mask = True
-            return
-        weight = state_dict.get(weight_key)
-        if not isinstance(weight, torch.Tensor):
-            return
-        if weight.is_floating_point() and bool(torch.isnan(weight).any()):
-            # cstorch 1.x NaN sentinel: pruned weights were stored as NaN
-            state_dict[mask_key] = torch.isfinite(weight)
-            state_dict[weight_key] = torch.nan_to_num(weight, nan=0.0)
-            self._loaded_mask = True
-        else:
-            # a dense weight (a dense checkpoint, or a NaN-sentinel one where this weight kept
-            # everything): strict loading passes and initialize() computes the mask (cstorch
-            # refuses the checkpoint for the missing key)
-            state_dict[mask_key] = self.mask.clone()
+        # a dense weight keeps the placeholder mask and leaves initialisation to initialize()
+        found = fill_missing_mask(state_dict, prefix, self.param_name, self.mask_name, self.mask)
+        self._loaded_mask = found in ("mask", "nan")
 
     def _after_load(self) -> None:
         if not self._loaded_mask:

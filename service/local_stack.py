@@ -389,8 +389,9 @@ def format_comparison(report: dict[str, Any]) -> str:
         lines += ["gaps (a gap is real when it exceeds the larger sd of the two):"]
         for g in report.get("gaps", []):
             published = f", {g['published']} with the published order" if g["published"] else ""
-            lines.append(f"  {g['better']} < {g['worse']}: {g['gap']:+.3f} vs sd {g['noise']:.3f}"
-                         f" -> {'real' if g['exceeds_noise'] else 'within seed noise'}{published}")
+            noise = "" if g["noise"] is None else f" vs sd {g['noise']:.3f}"
+            lines.append(f"  {g['better']} < {g['worse']}: {g['gap']:+.3f}{noise}"
+                         f" -> {g['verdict']}{published}")
     speedups = [r["projected_speedup"] for r in report["rows"] if r["projected_speedup"] is not None]
     if speedups and max(abs(s - 1.0) for s in speedups) < 0.01:
         lines += ["CS-2 speed-up is projected for the trained model itself: at this size a step "

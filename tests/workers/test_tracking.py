@@ -16,7 +16,9 @@ from workers.plots import (
     axes_hold_data,
     block_density,
     curves_figure,
+    plain_tick_labels,
     save_figure,
+    tradeoff_figure,
 )
 from workers.tracking import (
     PARENT_RUN_TAG,
@@ -296,3 +298,35 @@ def test_one_and_two_system_runs_are_recorded_alike(tmp_path, monkeypatch, capsy
     assert runs["second"].data.params["num_csx"] == "2"
     metric_keys = {n: set(r.data.metrics) for n, r in runs.items()}
     assert metric_keys["first"] == metric_keys["second"] and "eval/perplexity" in metric_keys["first"]
+
+
+def test_tradeoff_axis_has_no_offset_and_does_not_stretch_tiny_differences():
+    """Speed-ups 5e-5 apart (an overhead-bound proxy) read as 1.00 for all, not "1e-5+1"."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    speedups = [1.00001, 1.00004, 1.00006]
+    figure = tradeoff_figure([(name, s, 7.0 + i, "C0") for i, (name, s) in
+                              enumerate(zip(("static", "set", "rigl"), speedups))], title="t")
+    FigureCanvasAgg(figure).draw()
+    axes = figure.axes[0]
+    low, high = axes.get_xlim()
+    assert high - low >= 0.1 and low < min(speedups) and max(speedups) < high
+    for axis in (axes.xaxis, axes.yaxis):
+        assert axis.get_offset_text().get_text() == ""
+        labels = [t.get_text().replace("\u2212", "-") for t in axis.get_ticklabels() if t.get_text()]
+        assert labels and all(abs(float(label)) < 100 for label in labels)
+    spread = tradeoff_figure([("a", 1.5, 7.0, "C0"), ("b", 2.5, 7.1, "C1")], title="t")
+    assert spread.axes[0].get_xlim()[1] - spread.axes[0].get_xlim()[0] == pytest.approx(1.1)
+
+
+def test_plain_tick_labels_on_values_near_a_large_constant():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure()
+    axes = figure.add_subplot()
+    axes.plot([0, 1, 2], [0.79690, 0.79695, 0.79700])
+    plain_tick_labels(axes)
+    FigureCanvasAgg(figure).draw()
+    assert axes.yaxis.get_offset_text().get_text() == ""
+    assert all(t.get_text().startswith("0.79") for t in axes.yaxis.get_ticklabels() if t.get_text())

@@ -41,6 +41,13 @@ PARENT_RUN_TAG = "mlflow.parentRunId"
 # What MLflow accepts as a param name (letters, digits, _ - . / space and colon).
 PARAM_KEY = re.compile(r"[\w\-./ :]+")
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
+# MLflow 3's experiment kind: "Machine learning", whose experiment page opens on its runs.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
+# Curves whose last value a finished run also logs once, as `final/<name>`: a metric with one
+# point is a bar per run in MLflow's chart view, where final values a few tenths apart differ
+# visibly (on a shared line chart they overlap at the end of curves spanning tens of units).
+FINAL_METRICS = ("eval/perplexity", "eval/loss", "train/loss")
 
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
@@ -56,15 +63,21 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
 
 
 def get_or_create_experiment(client: MlflowClient, name: str) -> str:
-    """Experiment id for `name`; two processes creating it at once both get the same id."""
+    """Experiment id for `name`; two processes creating it at once both get the same id.
+
+    The experiment is marked as model training (`EXPERIMENT_KIND_TAG`): MLflow 3 otherwise
+    opens an experiment without runs on its GenAI overview (traces), not on the runs.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"experiment must be a non-empty string, got {name!r}")
     found = client.get_experiment_by_name(name)
     if found is not None:
+        if EXPERIMENT_KIND_TAG not in found.tags:
+            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         return found.experiment_id
     try:
         return client.create_experiment(name, artifact_location=artifact_location(
-            client.tracking_uri, name))
+            client.tracking_uri, name), tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
     except MlflowException as exc:
         if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
             raise
@@ -386,6 +399,8 @@ class Tracker:
             raise ValueError(f"status must be one of {TERMINAL_STATUSES}, got {status!r}")
         if self._finished:
             return
+        if status == "FINISHED":
+            self._log_final_values()
         self.flush()
         curves = {k: v for k, v in self._history.items()
                   if k.endswith("loss") or k.endswith("perplexity")}
@@ -397,8 +412,21 @@ class Tracker:
         self.client.set_terminated(self.run_id, status=status)
         self._finished = True
 
+    def _log_final_values(self) -> None:
+        """`final/eval_perplexity` etc.: each curve's last value, at its last step."""
+        for key in FINAL_METRICS:
+            points = self._history.get(key)
+            if points:
+                step, value = max(points)
+                self.log_metrics({final_metric(key): value}, step=step)
+
     def _log_batch(self, metrics: list[Metric] = (), params: list[Param] = ()) -> None:
         self.client.log_batch(self.run_id, metrics=list(metrics), params=list(params))
+
+
+def final_metric(key: str) -> str:
+    """"eval/perplexity" -> "final/eval_perplexity"."""
+    return "final/" + key.replace("/", "_")
 
 
 def end_run(run_id: str, status: str, tracking_uri: str | None = None) -> None:

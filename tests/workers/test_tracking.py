@@ -54,7 +54,7 @@ def test_metrics_are_written_in_batches_of_at_most_1000(tracking_uri, monkeypatc
         tracker.log_metrics({"train/loss": 5.0 / step, "lr": 1e-3}, step=step)
     tracker.finish()
 
-    assert batch_sizes == [1000, 400]
+    assert batch_sizes == [1000, 401]  # 1400 points, then final/train_loss at finish
     history = tracker.client.get_metric_history(tracker.run_id, "train/loss")
     assert len(history) == 700
     assert {m.step: m.value for m in history}[350] == pytest.approx(5.0 / 350)
@@ -330,3 +330,29 @@ def test_plain_tick_labels_on_values_near_a_large_constant():
     FigureCanvasAgg(figure).draw()
     assert axes.yaxis.get_offset_text().get_text() == ""
     assert all(t.get_text().startswith("0.79") for t in axes.yaxis.get_ticklabels() if t.get_text())
+
+
+def test_experiments_open_on_their_runs_in_mlflow_3(tracking_uri):
+    """MLflow 3 opens an experiment without a kind on its GenAI overview (traces: 0)."""
+    client = MlflowClient(tracking_uri)
+    tracker = Tracker("kind-new", tracking_uri=tracking_uri)
+    old = client.create_experiment("kind-old")  # made by someone else, without the tag
+    Tracker("kind-old", tracking_uri=tracking_uri)
+    for experiment_id in (client.get_run(tracker.run_id).info.experiment_id, old):
+        tags = client.get_experiment(experiment_id).tags
+        assert tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_a_finished_run_logs_its_final_values_once_as_bar_metrics(tracking_uri):
+    tracker = Tracker("final", tracking_uri=tracking_uri)
+    for step, ppl in ((10, 20.0), (20, 9.5), (30, 7.25)):
+        tracker.log_metrics({"eval/perplexity": ppl, "train/loss": 1.0 / step}, step=step)
+    tracker.finish()
+    history = tracker.client.get_metric_history(tracker.run_id, "final/eval_perplexity")
+    assert [(m.step, m.value) for m in history] == [(30, 7.25)]
+    assert tracker.client.get_run(tracker.run_id).data.metrics["final/train_loss"] == 1.0 / 30
+    assert "final/eval_loss" not in tracker.client.get_run(tracker.run_id).data.metrics
+    failed = Tracker("final", tracking_uri=tracking_uri)
+    failed.log_metrics({"eval/perplexity": 9.0}, step=5)
+    failed.finish("FAILED")  # a failed run has no final value to compare
+    assert "final/eval_perplexity" not in failed.client.get_run(failed.run_id).data.metrics

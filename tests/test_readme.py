@@ -212,28 +212,53 @@ def test_stack_lines_run_in_order(stack, tmp_path):
 
 
 @pytest.mark.slow
-def test_mlflow_ui_line_opens_the_store(stack, tmp_path):
-    """`mlflow ui` as written (port swapped for a free one), from a folder whose `.csx` is the
-    stack's state: it serves the store's experiments."""
-    from service.local_stack import StackProcess, free_port, wait_until_up
+def test_a_copied_store_opens_with_the_readme_line_after_the_original_is_gone(tmp_path):
+    """Runs logged the way the stack logs them (through `mlflow ui` with the stack's flags),
+    the state folder copied and the original deleted: the README's `mlflow ui` line (port
+    swapped for a free one), run beside the copy, serves the runs and their artifacts."""
+    import shutil
+    import sqlite3
 
+    import torch
+    from mlflow import MlflowClient
+
+    from service.local_stack import StackProcess, free_port, mlflow_ui_argv, wait_until_up
+    from workers.tracking import Tracker
+
+    env = reader_environment({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    original = tmp_path / "first" / ".csx"
+    original.mkdir(parents=True)
+    port = free_port()
+    ui = StackProcess.start("mlflow ui", mlflow_ui_argv(original, port), env=env,
+                            log_path=tmp_path / "first.log", cwd=original)
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/health", ui, timeout_s=120)
+        tracker = Tracker("copied-store", tracking_uri=f"http://127.0.0.1:{port}")
+        tracker.log_text("kept across the move", "notes/hello.txt")
+        tracker.log_mask_update(0, {"fc.weight": torch.ones(4, 4, dtype=torch.bool)})
+        tracker.finish()
+    finally:
+        ui.stop()
+    with sqlite3.connect(original / "mlflow.db") as db:
+        uris = [row[0] for row in db.execute("select artifact_uri from runs")]
+    assert uris and all(uri.startswith("mlflow-artifacts:/") for uri in uris)  # no absolute path
+
+    elsewhere = tmp_path / "second"
+    shutil.copytree(original, elsewhere / ".csx")
+    shutil.rmtree(tmp_path / "first")
     (ui_line,) = lines_of("server")
     port = free_port()
-    folder = reader_folder(tmp_path)
-    (folder / ".csx").symlink_to(stack.state_dir)
-    experiment = "readme-ui-check"
-    import mlflow
-
-    mlflow.MlflowClient(f"sqlite:///{stack.state_dir / 'mlflow.db'}").create_experiment(experiment)
     activate = ACTIVATE.replace(".venv/bin", str(VENV_BIN))
     ui = StackProcess.start("mlflow ui", ["bash", "-c", f"{activate} && exec "
                                           + ui_line.replace("--port 5000", f"--port {port}")],
-                            log_path=tmp_path / "ui.log", cwd=folder,
-                            env=reader_environment({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}))
+                            log_path=tmp_path / "second.log", cwd=elsewhere, env=env)
     try:
         wait_until_up(f"http://127.0.0.1:{port}/health", ui, timeout_s=120)
-        found = httpx.get(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name",
-                          params={"experiment_name": experiment})
-        assert found.status_code == 200, found.text
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        assert client.get_run(tracker.run_id).info.status == "FINISHED"
+        note = client.download_artifacts(tracker.run_id, "notes/hello.txt", str(tmp_path))
+        assert Path(note).read_text() == "kept across the move"
+        listed = {a.path for a in client.list_artifacts(tracker.run_id, "masks/step_0000000")}
+        assert "masks/step_0000000/masks.npz" in listed
     finally:
         ui.stop()

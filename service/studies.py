@@ -182,9 +182,10 @@ def compare_link(experiment_id: str, study_id: int) -> str:
     variants under a collapsed parent.
     """
     search = f"tags.`csx.study_id` = '{study_id}' and tags.`csx.role` = 'variant'"
+    # workflowType: MLflow 3 otherwise shows its GenAI pages (traces, sessions) around the runs.
     return (f"#/experiments/{experiment_id}/runs?compareRunsMode=CHART"
             f"&orderByKey={quote('metrics.`eval/perplexity`')}&orderByAsc=true"
-            f"&searchFilter={quote(search)}")
+            f"&searchFilter={quote(search)}&workflowType=machine_learning")
 
 
 def compare_url(parent_run_url: str, study_id: int) -> str:

@@ -9,6 +9,7 @@ experiment in Debian's Chromium (`apt-get install -y chromium`) driven by Playwr
   per variant, best eval perplexity first;
 - mlflow_compare_charts.png: the same link as opened (chart view): runs list and charts;
 - mlflow_perplexity_chart.png: its eval/perplexity chart enlarged, one line per variant;
+- mlflow_final_perplexity.png: its final/eval_perplexity chart enlarged, one point per variant;
 - mlflow_parent_run.png: the parent run's page (its description links the comparison).
 
     .venv/bin/python bench/mlflow_screenshots.py --out docs/images
@@ -164,6 +165,17 @@ def screenshots(url: str, experiment_id: str, parent_run_id: str, study_id: int,
             for variant in variants:  # the legend names every variant
                 dialog.get_by_text(variant, exact=False).first.wait_for()
             written.append(shot(dialog, out / "mlflow_perplexity_chart.png"))
+            page.keyboard.press("Escape")
+
+            # The final perplexities, one point per variant, on an axis that tells them apart.
+            card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
+                has=page.get_by_text("final/eval_perplexity", exact=True)).first
+            card.hover()
+            card.locator("[data-component-id='fullscreen_button_chartcard']").click()
+            dialog = page.get_by_role("dialog").first
+            for variant in variants:
+                dialog.get_by_text(f"{variant} (final/eval_perplexity)").first.wait_for()
+            written.append(shot(dialog, out / "mlflow_final_perplexity.png"))
             page.keyboard.press("Escape")
 
             # The parent run: its description links the comparison; its artifacts the report.

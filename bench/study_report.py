@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 
 from service.schemas import StudyReportRow
 from service.studies import aggregate
+from workers.plots import plain_tick_labels
 
 STUDY_VARIANTS = ("dense", "static", "set", "rigl", "granet")
 SINKHORN_VARIANT = "rigl-sinkhorn"  # bench/study_results.py's run of the cause knob
@@ -129,8 +130,9 @@ def comparison_lines(runs: dict[str, list[float]]) -> list[str]:
         "deviations; `service/studies.py:aggregate`, the same check a study's report makes):", ""]
     for gap in sorted(gaps, key=lambda g: (g.published is None, -g.gap)):
         verdict = f"**{gap.published}** with the published order, " if gap.published else ""
-        lines.append(f"- {gap.better} < {gap.worse}: {verdict}gap {gap.gap:+.3f}, sd "
-                     f"{gap.noise:.3f}: {'real' if gap.exceeds_noise else 'within seed noise'}")
+        noise = "" if gap.noise is None else f", sd {gap.noise:.3f}"
+        lines.append(f"- {gap.better} < {gap.worse}: {verdict}gap {gap.gap:+.3f}{noise}: "
+                     f"{gap.verdict}")
     return lines
 
 
@@ -251,6 +253,7 @@ def _layer_sparsity_png(by_variant: dict[str, list[dict]], path: Path) -> None:
         axes.set_title(name)
         axes.set_xlabel("step")
         axes.grid(True, alpha=0.3)
+        plain_tick_labels(axes)  # levels near 0.8 must read as 0.797, not 1e-3 + 0.79
     figure.axes[0].set_ylabel("layer sparsity")
     figure.axes[1].legend(fontsize=6, loc="lower right")
     figure.tight_layout()

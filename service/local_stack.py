@@ -2,7 +2,8 @@
 
 Starts `mlflow ui`, a Ray head and `csx serve` (joining that head through RAY_ADDRESS) on
 127.0.0.1 with free ports and every piece of state under one folder (`.csx/` by default:
-SQLite job database, SQLite MLflow store and artifacts, checkpoints and job logs), submits a
+SQLite job database, SQLite MLflow store and its artifacts behind the UI's artifact proxy,
+checkpoints and job logs), submits a
 study YAML over REST with the service's dev token, prints one progress line per variant as it
 moves, then the comparison table and the MLflow UI address, and keeps the UI up until Ctrl-C.
 
@@ -208,6 +209,19 @@ def wait_for_line(pattern: re.Pattern[str], process: StackProcess,
                      f" last lines of {process.log_path}:\n{process.log_tail()}")
 
 
+MLFLOW_STORE = "mlflow.db"
+MLFLOW_ARTIFACTS = "mlartifacts"
+
+
+def mlflow_ui_argv(state_dir: Path, port: int) -> list[str]:
+    """`mlflow ui` over a state folder's store, proxying its artifacts: runs record
+    `mlflow-artifacts:/<experiment>/<run>/artifacts`, which the server maps to
+    `<state_dir>/mlartifacts`, so the store holds no absolute path and survives a move."""
+    return [sys.executable, "-m", "mlflow", "ui", "--host", HOST, "--port", str(port),
+            "--workers", "1", "--backend-store-uri", f"sqlite:///{state_dir / MLFLOW_STORE}",
+            "--serve-artifacts", "--artifacts-destination", str(state_dir / MLFLOW_ARTIFACTS)]
+
+
 @dataclass
 class LocalStack:
     """mlflow ui + csx serve sharing one state folder; a context manager that stops both."""
@@ -251,10 +265,7 @@ class LocalStack:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         env = self._environment()
         # The UI before the service: it creates the MLflow schema, which the service would race.
-        ui = self._start("mlflow ui", [
-            sys.executable, "-m", "mlflow", "ui", "--host", HOST, "--port", str(self.ui_port),
-            "--workers", "1", "--backend-store-uri", env["CSX_MLFLOW_TRACKING_URI"],
-            "--default-artifact-root", (self.state_dir / "mlruns").as_uri()], env)
+        ui = self._start("mlflow ui", mlflow_ui_argv(self.state_dir, self.ui_port), env)
         # Ray in a process of its own, joined by the service through RAY_ADDRESS (so the
         # service does not start its own; service/ray_head.py).
         ray = self._start("ray", [
@@ -273,7 +284,10 @@ class LocalStack:
         return {
             **os.environ,
             "CSX_DATABASE_URL": f"sqlite:///{state / 'csx.db'}",
-            "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{state / 'mlflow.db'}",
+            # Through the UI's server: it stores artifacts under mlartifacts/ and records
+            # `mlflow-artifacts:/` locations, relative to that folder, so a copy of the state
+            # folder opens anywhere (README, "Comparing the variants in MLflow").
+            "CSX_MLFLOW_TRACKING_URI": self.ui_url,
             "CSX_MLFLOW_UI_URL": self.ui_url,
             "CSX_RUNS_DIR": str(state / "runs"),
             "CSX_CLUSTER_SIZE": str(self.cluster_size),
@@ -389,8 +403,9 @@ def format_comparison(report: dict[str, Any]) -> str:
         lines += ["gaps (a gap is real when it exceeds the larger sd of the two):"]
         for g in report.get("gaps", []):
             published = f", {g['published']} with the published order" if g["published"] else ""
-            lines.append(f"  {g['better']} < {g['worse']}: {g['gap']:+.3f} vs sd {g['noise']:.3f}"
-                         f" -> {'real' if g['exceeds_noise'] else 'within seed noise'}{published}")
+            noise = "" if g["noise"] is None else f" vs sd {g['noise']:.3f}"
+            lines.append(f"  {g['better']} < {g['worse']}: {g['gap']:+.3f}{noise}"
+                         f" -> {g['verdict']}{published}")
     speedups = [r["projected_speedup"] for r in report["rows"] if r["projected_speedup"] is not None]
     if speedups and max(abs(s - 1.0) for s in speedups) < 0.01:
         lines += ["CS-2 speed-up is projected for the trained model itself: at this size a step "

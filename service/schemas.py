@@ -211,8 +211,11 @@ class StudyGap(BaseModel):
     better: str = Field(description="the variant with the lower mean final perplexity")
     worse: str
     gap: float = Field(description="mean final perplexity of `worse` minus that of `better`")
-    noise: float = Field(description="the larger of the two seed-to-seed sds")
-    exceeds_noise: bool = Field(description="gap > noise, with at least 2 runs on each side")
+    noise: float | None = Field(description="the larger of the two seed-to-seed sds; null "
+                                            "when a side has 1 run (no noise estimate)")
+    exceeds_noise: bool | None = Field(description="gap > noise; null when `noise` is")
+    verdict: str = Field(description="'real' (beyond seed noise), 'within seed noise' or "
+                                     "'1 seed: no noise estimate'")
     published: Literal["agrees", "disagrees"] | None = Field(
         description="against Cerebras' published order of this pair at 80%; null if unpublished")
 

@@ -109,10 +109,13 @@ def variant_spec(base: JobSpec, sparsity: Any, seed: int | None = None) -> JobSp
     return JobSpec.model_validate(params)
 
 
+NO_NOISE_ESTIMATE = "1 seed: no noise estimate"
+
+
 def aggregate(rows: Sequence[StudyReportRow]) -> tuple[list[StudyVariantSummary], list[StudyGap]]:
     """Mean ± sd of the final eval perplexity per variant (over its seeds) and, for every pair
     of variants, the gap between their means and whether it exceeds seed noise (the larger of
-    the two sds, each from at least 2 runs), checked against the published order where there
+    the two sds; none below 2 runs on a side), checked against the published order where there
     is one. Variants keep their first-seen order; a pair lists the lower mean first."""
     by_variant: dict[str, list[StudyReportRow]] = defaultdict(list)
     for row in rows:
@@ -131,13 +134,23 @@ def aggregate(rows: Sequence[StudyReportRow]) -> tuple[list[StudyVariantSummary]
     for a, b in combinations(measured, 2):
         better, worse = sorted((a, b), key=lambda s: s.final_eval_perplexity_mean)
         gap = worse.final_eval_perplexity_mean - better.final_eval_perplexity_mean
-        noise = max(better.final_eval_perplexity_sd or 0.0, worse.final_eval_perplexity_sd or 0.0)
+        noise = exceeds = None
+        if min(better.runs, worse.runs) > 1:  # one run has no spread: nothing to compare with
+            noise = max(better.final_eval_perplexity_sd, worse.final_eval_perplexity_sd)
+            exceeds = gap > noise
         published = ("agrees" if (better.variant, worse.variant) in PUBLISHED_ORDER else
                      "disagrees" if (worse.variant, better.variant) in PUBLISHED_ORDER else None)
         gaps.append(StudyGap(better=better.variant, worse=worse.variant, gap=gap, noise=noise,
-                             exceeds_noise=min(better.runs, worse.runs) > 1 and gap > noise,
+                             exceeds_noise=exceeds, verdict=gap_verdict(exceeds),
                              published=published))
     return summaries, gaps
+
+
+def gap_verdict(exceeds_noise: bool | None) -> str:
+    """How a report words a gap: never "within noise" when no noise could be estimated."""
+    if exceeds_noise is None:
+        return NO_NOISE_ESTIMATE
+    return "real" if exceeds_noise else "within seed noise"
 
 
 def open_parent_run(settings: Settings, study: Study) -> tuple[str, str]:
@@ -169,9 +182,10 @@ def compare_link(experiment_id: str, study_id: int) -> str:
     variants under a collapsed parent.
     """
     search = f"tags.`csx.study_id` = '{study_id}' and tags.`csx.role` = 'variant'"
+    # workflowType: MLflow 3 otherwise shows its GenAI pages (traces, sessions) around the runs.
     return (f"#/experiments/{experiment_id}/runs?compareRunsMode=CHART"
             f"&orderByKey={quote('metrics.`eval/perplexity`')}&orderByAsc=true"
-            f"&searchFilter={quote(search)}")
+            f"&searchFilter={quote(search)}&workflowType=machine_learning")
 
 
 def compare_url(parent_run_url: str, study_id: int) -> str:

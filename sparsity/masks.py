@@ -22,6 +22,7 @@ import torch
 
 __all__ = [
     "keep_count",
+    "group_keep_counts",
     "count_per_row",
     "apply_mask_",
     "topk_mask",
@@ -71,6 +72,24 @@ def keep_count(numel: int, sparsity: float) -> int:
     if not 0.0 <= sparsity <= 1.0 or math.isnan(sparsity):
         raise ValueError(f"sparsity must be in [0, 1], got {sparsity!r}")
     return numel - int(round(numel * float(sparsity)))
+
+
+def group_keep_counts(keep: int, groups: int, current: list[int] | None = None) -> list[int]:
+    """``keep`` entries split over ``groups`` equal groups (balanced sparsity): counts differ by
+    at most one and sum to exactly ``keep``, so a balanced layer is at its exact level too.
+
+    The ``keep % groups`` larger counts go to the groups keeping the most entries now
+    (``current``; ties: lower index first), so an update moves no more entries than it must
+    and the same groups keep the extra one from update to update.
+    """
+    if groups < 1 or not 0 <= keep:
+        raise ValueError(f"need groups >= 1 and keep >= 0, got groups={groups}, keep={keep}")
+    base, extra = divmod(keep, groups)
+    now = current if current is not None else [0] * groups
+    counts = [base] * groups
+    for group in sorted(range(groups), key=lambda g: (-now[g], g))[:extra]:
+        counts[group] += 1
+    return counts
 
 
 def count_per_row(mask: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,13 @@
-"""Every command in README.md, run on tiny presets.
+"""Every command in README.md, run the way a reader runs it.
 
-Python blocks run as scripts; `sparsity:` YAML blocks go through `sparsity.configure`; the
-tour's shell blocks run line by line against a local stack (`service.local_stack.LocalStack`,
-the stack `make run` starts), with `csx` as `python -m workers.cli`, `examples/*.yaml` swapped
-for tiny copies (4 steps) and the API address for the stack's. `make run` itself is
-`csx local-study` on examples/study.yaml, covered on a tiny study by
-tests/service/test_service_local_stack.py; `make test` is this suite.
+Python blocks run as scripts; `sparsity:` YAML blocks go through `sparsity.configure`. Every
+line of every fenced shell block is classified (`LINE_KINDS`); an unclassified line fails the
+suite, so a new README command gets a decision here. Lines run as written in a bash that
+first sources the README's activation line (with this interpreter's virtualenv for `.venv`,
+its `bin` taken off PATH, so a command that needs activation fails without it), from a
+folder holding `examples/`, so nothing is written into the clone. Training and service
+lines run against a local stack (`service.local_stack.LocalStack`, what `make run` starts),
+with `examples/*.yaml` swapped for tiny copies (4 steps) and the API address for the stack's.
 """
 
 from __future__ import annotations
@@ -22,9 +24,32 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-TOUR = README[README.index("## A short tour"):]
 README_API = "http://127.0.0.1:8000"
+ACTIVATE = "source .venv/bin/activate"
+VENV_BIN = Path(sys.prefix) / "bin"
 TINY_STEPS = 4
+SHELL_BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", flags=re.S)
+
+# (pattern on the whole line, kind, why). First match wins. Kinds: "skip" is not run here (the
+# reason says what covers it), "activate" is the prefix of every other line, "quick" runs in the
+# fast test, "stack" lines run in the slow test in README order against a local stack,
+# "provided" lines are what that stack itself does, "server" lines start a server that is
+# polled, then stopped.
+LINE_KINDS: list[tuple[str, str, str]] = [
+    (r"make run", "skip", "minutes: `csx local-study` on examples/study.yaml, run on a tiny "
+                          "study by tests/service/test_service_local_stack.py"),
+    (r"make test", "skip", "this suite"),
+    (r"make (results|bench)", "skip", "hours: benchmarks and docs/results.md"),
+    (re.escape(ACTIVATE), "activate", "sourced before every other line"),
+    (r"csx( \S+)? --help", "quick", ""),
+    (r"csx run .* --validate_only", "quick", "meta-device plan, seconds"),
+    (r"csx convert .*", "quick", ""),
+    (r"csx serve --dev-token &", "provided", "the stack runs it on a free port"),
+    (r"export CSX_TOKEN=csx_\.\.\.", "provided", "the stack reads the printed token"),
+    (r"csx (preprocess|run|finalize|submit|study) .*", "stack", "trains: tiny copies, 4 steps"),
+    (r"curl .*", "stack", "the service's REST API"),
+    (r"mlflow ui .*", "server", "runs until stopped"),
+]
 
 
 def blocks(text: str, language: str) -> list[str]:
@@ -36,6 +61,29 @@ def commands(block: str) -> list[str]:
     return [re.sub(r"\s+#.*$", "", line).strip() for line in block.strip().splitlines()]
 
 
+def shell_blocks() -> list[list[str]]:
+    return [commands(block) for block in SHELL_BLOCK.findall(README)]
+
+
+def kind_of(line: str) -> str | None:
+    return next((kind for pattern, kind, _ in LINE_KINDS if re.fullmatch(pattern, line)), None)
+
+
+def lines_of(*kinds: str) -> list[str]:
+    """README lines of these kinds, in README order; a block holding a "stack" line runs whole
+    in the slow test (its lines depend on each other), so its quick lines go there too."""
+    found = []
+    for block in shell_blocks():
+        block_kinds = {kind_of(line) for line in block}
+        for line in block:
+            kind = kind_of(line)
+            if kind == "quick" and "stack" in block_kinds:
+                kind = "stack"
+            if kind in kinds:
+                found.append(line)
+    return found
+
+
 def tiny(example: str, folder: Path) -> Path:
     data = yaml.safe_load((ROOT / "examples" / example).read_text())
     data["train_input"] = {**data["train_input"], "batch_size": 4, "max_sequence_length": 16}
@@ -44,41 +92,70 @@ def tiny(example: str, folder: Path) -> Path:
                          "eval_steps": 1, "checkpoint_steps": 0, "log_steps": 2}
     if "algorithms" in data:
         data["algorithms"] = ["dense", "rigl"]
-    path = folder / example
+    path = folder / "tiny" / example
+    path.parent.mkdir(exist_ok=True)
     path.write_text(yaml.safe_dump(data))
     return path
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    from service.local_stack import LocalStack
+def reader_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The test's environment without the virtualenv on PATH: activation must put it there."""
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p) != VENV_BIN]
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    return {**env, "PATH": os.pathsep.join(path), "PYTHONPATH": str(ROOT), **(extra or {})}
 
-    with LocalStack(tmp_path_factory.mktemp("stack"), cluster_size=4) as running:
-        yield running
 
+def reader_shell(folder: Path, env: dict[str, str], swaps: dict[str, str] | None = None):
+    """Runs one README line after the activation line, in `folder`; returns its stdout."""
+    activate = ACTIVATE.replace(".venv/bin", str(VENV_BIN))
 
-@pytest.fixture(scope="module")
-def shell(stack, tmp_path_factory):
-    """Runs one README line the way a reader would, on tiny inputs, against the stack."""
-    folder = tmp_path_factory.mktemp("readme")
-    swaps = {f"examples/{name}": str(tiny(name, folder)) for name in ("rigl.yaml", "study.yaml")}
-    swaps |= {"runs/rigl": str(folder / "runs" / "rigl"), README_API: stack.api_url,
-              "checkpoint_200.mdl": f"checkpoint_{TINY_STEPS}.mdl"}
-    env = {**os.environ, "CSX_URL": stack.api_url, "CSX_TOKEN": stack.token,
-           "RAY_ADDRESS": f"127.0.0.1:{stack.ray_port}", "RAY_AUTH_MODE": "disabled",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{stack.state_dir / 'mlflow.db'}"}
-
-    def run(line: str) -> str:
-        for old, new in swaps.items():
+    def run(line: str, timeout: float = 300) -> str:
+        for old, new in (swaps or {}).items():
             line = line.replace(old, new)
-        if line.startswith("csx "):
-            line = f"{sys.executable} -m workers.cli {line.removeprefix('csx ')}"
-        done = subprocess.run(["bash", "-c", line], cwd=folder, env=env, capture_output=True,
-                              text=True, timeout=240)
+        done = subprocess.run(["bash", "-c", f"{activate} && {line}"], cwd=folder, env=env,
+                              capture_output=True, text=True, timeout=timeout)
         assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
         return done.stdout
 
     return run
+
+
+def reader_folder(folder: Path) -> Path:
+    (folder / "examples").symlink_to(ROOT / "examples")
+    return folder
+
+
+def test_every_shell_line_is_classified():
+    lines = [line for block in shell_blocks() for line in block]
+    assert len(lines) >= 15
+    unclassified = [line for line in lines if kind_of(line) is None]
+    assert not unclassified, f"classify these README commands in LINE_KINDS: {unclassified}"
+
+
+def test_activation_comes_before_the_first_venv_command():
+    """A reader going top to bottom activates the virtualenv before the first `csx`/`mlflow`."""
+    lines = [line for block in shell_blocks() for line in block]
+    first_venv = next(i for i, line in enumerate(lines) if re.match(r"(csx|mlflow) ", line))
+    assert ACTIVATE in lines[:first_venv]
+
+
+def test_without_activation_csx_is_not_found(tmp_path):
+    """What the activation line is for: the reader's PATH has no `csx` before it."""
+    done = subprocess.run(["bash", "-c", "csx --help"], cwd=tmp_path, env=reader_environment(),
+                          capture_output=True, text=True)
+    assert done.returncode == 127 and "command not found" in done.stderr
+
+
+def test_quick_lines_run_as_written(tmp_path):
+    run = reader_shell(reader_folder(tmp_path), reader_environment())
+    quick = lines_of("quick")
+    assert any("--validate_only" in line for line in quick)
+    for line in quick:
+        out = run(line)
+        if "--help" in line:
+            assert out.startswith("usage: csx")
+        if "--validate_only" in line:
+            assert "FLOPs/token" in out and "speedup vs dense" in out
 
 
 def test_python_blocks_run():
@@ -98,51 +175,90 @@ def test_sparsity_yaml_blocks_configure():
         assert sparsity.configure(section) is not None
 
 
-@pytest.mark.slow
-def test_modelzoo_porting_block(tmp_path, monkeypatch, capsys):
-    """The three porting lines, in process, from a folder with examples/ in it; the training
-    line runs 4 steps on one system (the 2-system path: tests/workers/test_workers_modelzoo_e2e.py)."""
-    import shlex
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    from service.local_stack import LocalStack
 
-    from workers import cli
-
-    section = README[README.index("## Running a Cerebras ModelZoo params file"):README.index("## A short tour")]
-    lines = commands(blocks(section, "bash")[0])
-    assert len(lines) == 3 and all(line.startswith("csx ") for line in lines)
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    swaps = {"runconfig.max_steps=200": f"runconfig.max_steps={TINY_STEPS}", "--num_csx 2": "--num_csx 1"}
-    outputs = []
-    for line in lines:
-        for old, new in swaps.items():
-            line = line.replace(old, new)
-        assert cli.main(shlex.split(line.removeprefix("csx "))) == 0, line
-        outputs.append(capsys.readouterr().out)
-    assert "sparsified weights: 72 of 73" in outputs[0] and "speedup vs dense" in outputs[0]
-    assert (tmp_path / "data" / "shakespeare" / "data-00000.h5").is_file()
-    assert f'"steps": {TINY_STEPS}' in outputs[2]
+    with LocalStack(tmp_path_factory.mktemp("stack"), cluster_size=4) as running:
+        yield running
 
 
 @pytest.mark.slow
-def test_tour_csx_run_block(shell):
-    run_block = blocks(TOUR, "bash")[0]
-    outputs = [shell(line) for line in commands(run_block)]
-    assert "FLOPs/token" in outputs[0]
-    assert '"final_eval_perplexity"' in outputs[1]
-
-
-@pytest.mark.slow
-def test_tour_service_block(stack, shell):
-    serve, export, *rest = commands(blocks(TOUR, "bash")[1])
-    # The stack runs this very command (with a free port) and reads the printed token.
-    assert serve == "csx serve --dev-token &"
-    assert export.startswith("export CSX_TOKEN=") and stack.token.startswith("csx_")
-    outputs = [shell(line) for line in rest]
-    assert '"status"' in outputs[0] and '"jobs"' in outputs[1]
+def test_stack_lines_run_in_order(stack, tmp_path):
+    """Training, service and REST lines in README order: preprocessing feeds the porting
+    run, training feeds `csx finalize`, the studies land in the stack's store."""
+    folder = reader_folder(tmp_path)
+    swaps = {f"examples/{name}": str(tiny(name, folder)) for name in ("rigl.yaml", "study.yaml")}
+    swaps |= {"runconfig.max_steps=200": f"runconfig.max_steps={TINY_STEPS}",
+              "checkpoint_200.mdl": f"checkpoint_{TINY_STEPS}.mdl", README_API: stack.api_url}
+    # As a reader's shell: `csx run` starts its own Ray and logs to ./mlflow.db; only the
+    # service's address and token come from the stack.
+    env = reader_environment({"CSX_URL": stack.api_url, "CSX_TOKEN": stack.token})
+    for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
+        env.pop(name, None)
+    run = reader_shell(folder, env, swaps)
+    outputs = {line: run(line) for line in lines_of("stack")}
+    trained = [out for line, out in outputs.items() if line.startswith("csx run ")
+               and "--validate_only" not in line]
+    assert len(trained) >= 2 and all(f'"steps": {TINY_STEPS}' in out for out in trained)
+    assert (folder / "data" / "shakespeare" / "data-00000.h5").is_file()
+    assert (folder / "runs" / "rigl" / "final.mdl").is_file()
     headers = {"Authorization": f"Bearer {stack.token}"}
     studies = [httpx.get(f"{stack.api_url}/v1/studies/{i}", headers=headers).json()
                for i in (1, 2)]
     assert [len(s["jobs"]) for s in studies] == [2, 2]  # study.yaml (tiny: 2 variants), csx study
     jobs = httpx.get(f"{stack.api_url}/v1/jobs", headers=headers).json()
     assert jobs["count"] == 6  # POST /jobs, csx submit, and the 4 variants
+
+
+@pytest.mark.slow
+def test_a_copied_store_opens_with_the_readme_line_after_the_original_is_gone(tmp_path):
+    """Runs logged the way the stack logs them (through `mlflow ui` with the stack's flags),
+    the state folder copied and the original deleted: the README's `mlflow ui` line (port
+    swapped for a free one), run beside the copy, serves the runs and their artifacts."""
+    import shutil
+    import sqlite3
+
+    import torch
+    from mlflow import MlflowClient
+
+    from service.local_stack import StackProcess, free_port, mlflow_ui_argv, wait_until_up
+    from workers.tracking import Tracker
+
+    env = reader_environment({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    original = tmp_path / "first" / ".csx"
+    original.mkdir(parents=True)
+    port = free_port()
+    ui = StackProcess.start("mlflow ui", mlflow_ui_argv(original, port), env=env,
+                            log_path=tmp_path / "first.log", cwd=original)
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/health", ui, timeout_s=120)
+        tracker = Tracker("copied-store", tracking_uri=f"http://127.0.0.1:{port}")
+        tracker.log_text("kept across the move", "notes/hello.txt")
+        tracker.log_mask_update(0, {"fc.weight": torch.ones(4, 4, dtype=torch.bool)})
+        tracker.finish()
+    finally:
+        ui.stop()
+    with sqlite3.connect(original / "mlflow.db") as db:
+        uris = [row[0] for row in db.execute("select artifact_uri from runs")]
+    assert uris and all(uri.startswith("mlflow-artifacts:/") for uri in uris)  # no absolute path
+
+    elsewhere = tmp_path / "second"
+    shutil.copytree(original, elsewhere / ".csx")
+    shutil.rmtree(tmp_path / "first")
+    (ui_line,) = lines_of("server")
+    port = free_port()
+    activate = ACTIVATE.replace(".venv/bin", str(VENV_BIN))
+    ui = StackProcess.start("mlflow ui", ["bash", "-c", f"{activate} && exec "
+                                          + ui_line.replace("--port 5000", f"--port {port}")],
+                            log_path=tmp_path / "second.log", cwd=elsewhere, env=env)
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/health", ui, timeout_s=120)
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        assert client.get_run(tracker.run_id).info.status == "FINISHED"
+        note = client.download_artifacts(tracker.run_id, "notes/hello.txt", str(tmp_path))
+        assert Path(note).read_text() == "kept across the move"
+        listed = {a.path for a in client.list_artifacts(tracker.run_id, "masks/step_0000000")}
+        assert "masks/step_0000000/masks.npz" in listed
+    finally:
+        ui.stop()

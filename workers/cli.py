@@ -140,37 +140,49 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("csx").info("not applied here (hardware-only key): %s", key)
     model_dir = args.model_dir or spec.runconfig.model_dir or str(Path("runs") / Path(args.params).stem)
     progress = ProgressPrinter()
+    from workers.tracking import cli_run_name, sparsity_params
+
+    # Named and tagged alike on 1 and N systems: runs of different files stay apart.
+    run_name = cli_run_name(args.params, str(sparsity_params(spec.sparsity)["algorithm"]))
+    tags = {"csx.params_file": Path(args.params).name}
     if num_csx > 1:
         from workers.runner import run_job
 
-        summary = run_job(spec, num_csx=num_csx, mode=args.mode, model_dir=model_dir, progress=progress)
+        summary = run_job(spec, num_csx=num_csx, mode=args.mode, model_dir=model_dir,
+                          progress=progress, run_name=run_name, tags=tags)
     else:
-        summary = _train_locally(spec, args.mode, model_dir, progress)
+        summary = _train_locally(spec, args.mode, model_dir, progress, run_name, tags)
     shown = {k: v for k, v in summary.items() if k not in ("train_losses", "mask_hashes", "eval_history")}
     print(json.dumps(shown, indent=2, default=str))
     return 0
 
 
-def _train_locally(spec: JobSpec, mode: str, model_dir: str, progress: ProgressPrinter) -> dict:
-    """One system, in this process (no Ray), logging to MLflow when an experiment is named."""
+def _train_locally(spec: JobSpec, mode: str, model_dir: str, progress: ProgressPrinter,
+                   run_name: str, tags: dict[str, str]) -> dict:
+    """One system, in this process (no Ray), logging to MLflow when an experiment is named;
+    the run and the summary have what the Ray runner's have (`workers.runner.run_job`)."""
     from workers.train import train
 
+    started = time.perf_counter()
     tracker = None
     if spec.runconfig.mlflow_experiment:
-        from workers.tracking import Tracker, run_params
+        from workers.tracking import Tracker, open_run
 
-        tracker = Tracker(spec.runconfig.mlflow_experiment, run_name=Path(model_dir).name)
-        tracker.log_params(run_params(spec.model_dump(mode="json"), 1))
-        tracker.log_text(spec.to_yaml(), "params.yaml")
+        run_id = open_run(spec, num_csx=1, run_name=run_name, tags=tags)
+        tracker = Tracker(spec.runconfig.mlflow_experiment, run_id=run_id)
     try:
         summary = train(spec, model_dir=model_dir, mode=mode, tracker=tracker, progress=progress)
     except BaseException:
         if tracker is not None:
             tracker.finish("FAILED")
         raise
+    train_wall_s = time.perf_counter() - started
     if tracker is not None:
         tracker.finish()
-        summary["run_id"] = tracker.run_id  # the key the Ray runner's summary uses
+    summary.update({"comm/allreduce_s": 0.0, "comm/allreduce_calls": 0,
+                    "train_wall_s": train_wall_s, "run_id": tracker.run_id if tracker else None,
+                    "num_csx": 1, "attempts": 1, "restarts": 0,
+                    "job_wall_s": time.perf_counter() - started})
     return summary
 
 

@@ -174,6 +174,7 @@ def curves_figure(curves: Curves, title: str | None = None,
         axes.set_title(label)
         if label == "perplexity":
             axes.set_yscale("log")
+        plain_tick_labels(axes)
         axes.legend(fontsize=8)
     if title:
         figure.suptitle(title)
@@ -197,6 +198,32 @@ def tradeoff_figure(points: Sequence[tuple[str, float, float, str]], title: str)
     axes.set_xlabel("projected CS-2 speed-up vs dense (x)")
     axes.set_ylabel("final eval perplexity")
     axes.set_title(f"{title}: quality vs projected speed")
+    axes.set_xlim(*readable_span([speedup for _, speedup, _, _ in points], MIN_SPEEDUP_SPAN))
     axes.grid(alpha=0.3)
+    plain_tick_labels(axes)
     figure.tight_layout()
     return figure
+
+
+# Speed-ups are reported to two decimals: differences below that must not fill the axis.
+MIN_SPEEDUP_SPAN = 0.1
+
+
+def readable_span(values: Sequence[float], min_span: float) -> tuple[float, float]:
+    """Axis limits around `values` with a 5% margin, at least `min_span` wide (centred), so
+    differences far below what the numbers mean are not stretched over the whole axis."""
+    low, high = min(values), max(values)
+    margin = 0.05 * (high - low)
+    low, high = low - margin, high + margin
+    if high - low < min_span:
+        centre = (low + high) / 2
+        low, high = centre - min_span / 2, centre + min_span / 2
+    return low, high
+
+
+def plain_tick_labels(axes: Axes) -> None:
+    """Tick labels as the values themselves: no "1e-5+1" offset or scientific factor."""
+    for axis in (axes.xaxis, axes.yaxis):
+        if axis.get_scale() == "linear":
+            axis.get_major_formatter().set_useOffset(False)
+            axis.get_major_formatter().set_scientific(False)

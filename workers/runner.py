@@ -26,7 +26,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from workers.progress import ProgressRelay
 from workers.spec import JobSpec
-from workers.tracking import create_run, end_run, resolve_tracking_uri, run_params
+from workers.tracking import end_run, open_run, resolve_tracking_uri
 from workers.replica import CsxWorker
 from workers.train import MaskDivergence
 
@@ -286,30 +286,6 @@ def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: st
     return JobHandle(spec, num_csx=num_csx, mode=mode, model_dir=model_dir, run_id=run_id,
                      tracking_uri=tracking_uri, progress=progress, max_failures=max_failures,
                      train_fn=train_fn)
-
-
-def open_run(spec: JobSpec, *, num_csx: int, tracking_uri: str, parent_run_id: str | None,
-             run_name: str | None = None, tags: Mapping[str, str] | None = None) -> str:
-    """Create the job's MLflow run with its params and the params YAML.
-
-    The run is named `run_name` (a study variant, a job's name), else after its algorithm, and
-    tagged `csx.algorithm` and `csx.variant` (the name) besides `tags`: MLflow's own random
-    names would say nothing about which run is which.
-    """
-    from mlflow import MlflowClient
-    from mlflow.entities import Param
-
-    params = run_params(spec.model_dump(mode="json"), num_csx)
-    name = run_name or params["algorithm"]
-    run_tags = {"csx.algorithm": params["algorithm"], "csx.variant": name, **(tags or {})}
-    run_id = create_run(spec.runconfig.mlflow_experiment, tracking_uri=tracking_uri,
-                        parent_run_id=parent_run_id, run_name=name, tags=run_tags)
-    client = MlflowClient(tracking_uri=tracking_uri)
-    items = [Param(k, v) for k, v in params.items()]
-    for start in range(0, len(items), 100):
-        client.log_batch(run_id, params=items[start:start + 100])
-    client.log_text(run_id, spec.to_yaml(), "params.yaml")
-    return run_id
 
 
 def run_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,

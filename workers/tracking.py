@@ -17,6 +17,7 @@ import re
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,9 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
+from workers.job import model_config, planned_shapes
 from workers.plots import HeatmapWriter, write_curves_png, write_density_histogram_png
+from workers.spec import JobSpec
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
@@ -38,6 +41,13 @@ PARENT_RUN_TAG = "mlflow.parentRunId"
 # What MLflow accepts as a param name (letters, digits, _ - . / space and colon).
 PARAM_KEY = re.compile(r"[\w\-./ :]+")
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
+# MLflow 3's experiment kind: "Machine learning", whose experiment page opens on its runs.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
+# Curves whose last value a finished run also logs once, as `final/<name>`: a metric with one
+# point is a bar per run in MLflow's chart view, where final values a few tenths apart differ
+# visibly (on a shared line chart they overlap at the end of curves spanning tens of units).
+FINAL_METRICS = ("eval/perplexity", "eval/loss", "train/loss")
 
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
@@ -53,15 +63,21 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
 
 
 def get_or_create_experiment(client: MlflowClient, name: str) -> str:
-    """Experiment id for `name`; two processes creating it at once both get the same id."""
+    """Experiment id for `name`; two processes creating it at once both get the same id.
+
+    The experiment is marked as model training (`EXPERIMENT_KIND_TAG`): MLflow 3 otherwise
+    opens an experiment without runs on its GenAI overview (traces), not on the runs.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"experiment must be a non-empty string, got {name!r}")
     found = client.get_experiment_by_name(name)
     if found is not None:
+        if EXPERIMENT_KIND_TAG not in found.tags:
+            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         return found.experiment_id
     try:
         return client.create_experiment(name, artifact_location=artifact_location(
-            client.tracking_uri, name))
+            client.tracking_uri, name), tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
     except MlflowException as exc:
         if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
             raise
@@ -114,24 +130,111 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
 def run_params(spec: Mapping[str, Any], num_csx: int) -> dict[str, str]:
     """The headline params of DESIGN §5 from a params dict, then every section flattened
     ("sparsity.init_sparsity", "runconfig.max_steps", "optimizer.weight_decay", ...), so
-    whatever distinguishes two variants is a param the runs table can show."""
+    whatever distinguishes two variants is a param the runs table can show. A learning-rate
+    schedule is one line per phase (`optimizer.learning_rate.phase1`, ...) and `lr` the
+    phases in one line."""
     train_input = spec.get("train_input") or {}
-    optimizer = spec.get("optimizer") or {}
+    optimizer = dict(spec.get("optimizer") or {})
     runconfig = spec.get("runconfig") or {}
+    schedule = optimizer.get("learning_rate")
+    if isinstance(schedule, (list, Mapping)):
+        phases = describe_lr_schedule(schedule)
+        optimizer["learning_rate"] = {f"phase{i}": phase for i, phase in enumerate(phases, 1)}
+        schedule = "; then ".join(phases)
     params: dict[str, Any] = {
         "num_csx": num_csx,
         "global_batch": train_input.get("batch_size"),
         "seq_len": train_input.get("seq_len", train_input.get("max_sequence_length")),
-        "lr": optimizer.get("learning_rate"),
+        "lr": schedule,
         "seed": runconfig.get("seed"),
     }
     params.update(sparsity_params(spec.get("sparsity")))
     flat = flatten_params({k: v for k, v in params.items() if v is not None})
     sections = {name: section for name, section in spec.items() if section is not None}
+    if optimizer:
+        sections["optimizer"] = optimizer
     if isinstance(sections.get("sparsity"), list):  # groups: sparsity.group0.algorithm, ...
         sections["sparsity"] = {f"group{i}": group for i, group in enumerate(spec["sparsity"])}
     flat.update(flatten_params(sections))
     return flat
+
+
+def job_params(spec: JobSpec, num_csx: int) -> dict[str, str]:
+    """`run_params` of a job with its model as built: the keys a preset or ModelZoo's defaults
+    fill, and the data's vocabulary, in place of the file's unset ones."""
+    data = spec.model_dump(mode="json")
+    built = asdict(model_config(spec, *planned_shapes(spec)))
+    data["model"] = {**data["model"], **built}
+    return run_params(data, num_csx)
+
+
+def cli_run_name(params_file: str, algorithm: str) -> str:
+    """A `csx run`'s run name: its params file, and the algorithm when the name lacks it, so
+    runs of different files differ in one experiment (`rigl`, `ablation-3 (rigl)`)."""
+    stem = Path(params_file).stem
+    return stem if algorithm.lower() in stem.lower() else f"{stem} ({algorithm})"
+
+
+def open_run(spec: JobSpec, *, num_csx: int, tracking_uri: str | None = None,
+             parent_run_id: str | None = None, run_name: str | None = None,
+             tags: Mapping[str, str] | None = None) -> str:
+    """Create a job's MLflow run with its params and the params YAML, the same on 1 and on N
+    systems.
+
+    The run is named `run_name` (a study variant, a job's name, a params file), else after its
+    algorithm, and tagged `csx.algorithm`, `csx.variant` (the name) and `csx.num_csx` besides
+    `tags`: MLflow's own random names would say nothing about which run is which.
+    """
+    params = job_params(spec, num_csx)
+    name = run_name or params["algorithm"]
+    run_tags = {"csx.algorithm": params["algorithm"], "csx.variant": name,
+                "csx.num_csx": str(num_csx), **(tags or {})}
+    tracking_uri = resolve_tracking_uri(tracking_uri)
+    run_id = create_run(spec.runconfig.mlflow_experiment, tracking_uri=tracking_uri,
+                        parent_run_id=parent_run_id, run_name=name, tags=run_tags)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    items = [Param(k, v) for k, v in params.items()]
+    for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=items[start:start + MAX_PARAMS_PER_BATCH])
+    client.log_text(run_id, spec.to_yaml(), "params.yaml")
+    return run_id
+
+
+# How a scheduler's numbers read in one line: (from, to) keys, else its other keys as k=v.
+_LR_RANGE = ("initial_learning_rate", "end_learning_rate")
+
+
+def describe_lr_schedule(schedule: list[Mapping[str, Any]] | Mapping[str, Any]) -> list[str]:
+    """One line per scheduler of a ModelZoo `learning_rate` list, without its unset keys:
+    "steps 0-715: Linear 0 -> 0.0006", "steps 716-4777: CosineDecay 0.0006 -> 6e-05". The
+    step range is known while every phase before it gives `total_iters`."""
+    phases = [schedule] if isinstance(schedule, Mapping) else list(schedule)
+    lines, start = [], 0
+    for phase in phases:
+        values = {k: v for k, v in phase.items() if v is not None and k != "scheduler"}
+        name = str(phase.get("scheduler", "scheduler"))
+        if all(k in values for k in _LR_RANGE):
+            text = f"{name} {_number(values.pop(_LR_RANGE[0]))} -> {_number(values.pop(_LR_RANGE[1]))}"
+        elif start_key := next((k for k in ("initial_learning_rate", "learning_rate")
+                                if k in values), None):
+            text = f"{name} {_number(values.pop(start_key))}"
+        else:
+            text = name
+        iters = values.pop("total_iters", None)
+        extra = ", ".join(f"{k}={_number(v)}" for k, v in values.items())
+        text += f" ({extra})" if extra else ""
+        if start is not None and iters is not None:
+            text = f"steps {start}-{start + iters - 1}: {text}"
+            start += iters
+        else:
+            text = (f"from step {start}: " if start is not None else "") + text
+            start = None
+        lines.append(text)
+    return lines
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def sparsity_params(section: Any) -> dict[str, Any]:
@@ -296,6 +399,8 @@ class Tracker:
             raise ValueError(f"status must be one of {TERMINAL_STATUSES}, got {status!r}")
         if self._finished:
             return
+        if status == "FINISHED":
+            self._log_final_values()
         self.flush()
         curves = {k: v for k, v in self._history.items()
                   if k.endswith("loss") or k.endswith("perplexity")}
@@ -307,8 +412,21 @@ class Tracker:
         self.client.set_terminated(self.run_id, status=status)
         self._finished = True
 
+    def _log_final_values(self) -> None:
+        """`final/eval_perplexity` etc.: each curve's last value, at its last step."""
+        for key in FINAL_METRICS:
+            points = self._history.get(key)
+            if points:
+                step, value = max(points)
+                self.log_metrics({final_metric(key): value}, step=step)
+
     def _log_batch(self, metrics: list[Metric] = (), params: list[Param] = ()) -> None:
         self.client.log_batch(self.run_id, metrics=list(metrics), params=list(params))
+
+
+def final_metric(key: str) -> str:
+    """"eval/perplexity" -> "final/eval_perplexity"."""
+    return "final/" + key.replace("/", "_")
 
 
 def end_run(run_id: str, status: str, tracking_uri: str | None = None) -> None:

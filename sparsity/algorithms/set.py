@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from ..base import DynamicSparsityAlgorithm, SparseParam
-from ..masks import ScoreFlattener, ScoreShaper, count_per_row, drop_minimum, grow_maximum, keep_count
+from ..masks import (ScoreFlattener, ScoreShaper, count_per_row, drop_minimum, group_keep_counts,
+                     grow_maximum, keep_count)
 from ..schedules import make_schedule
 
 
@@ -54,13 +55,14 @@ class SET(DynamicSparsityAlgorithm):
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"drop_fraction must be in [0, 1] at step {self.step}, got {fraction!r}")
         grouped = self.shaper.shape(mask)
-        target = keep_count(grouped.shape[1], sparsity)
         nnz = count_per_row(grouped).tolist()
-        n_drop = [min(math.floor(fraction * n) + max(n - target, 0), n) for n in nnz]
+        # the layer's exact count, split over the groups (one group: the whole tensor)
+        targets = group_keep_counts(keep_count(mask.numel(), sparsity), len(nnz), nnz)
+        n_drop = [min(math.floor(fraction * n) + max(n - t, 0), n) for n, t in zip(nnz, targets)]
         ties = self.tie_breaker(p)
         kept = drop_minimum(self.shaper.shape(self.drop_score(p)), grouped, torch.tensor(n_drop), ties)
         # drop_minimum drops exactly n_drop per group, so what is left needs no counting
-        n_grow = torch.tensor([target - (n - d) for n, d in zip(nnz, n_drop)])
+        n_grow = torch.tensor([t - (n - d) for n, d, t in zip(nnz, n_drop, targets)])
         grown = grow_maximum(self.shaper.shape(self.grow_score(p)), kept, n_grow, ties)
         return self.shaper.unshape(grown, mask.shape)
 

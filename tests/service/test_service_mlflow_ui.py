@@ -8,19 +8,18 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from mlflow.entities import Metric
 
 from service.studies import VARIANT_COLOURS, compare_link
-from workers.tracking import create_run
+from workers.tracking import Tracker, create_run
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-VARIANTS = ["rigl", "set", "granet"]
 
 
 def load_bench():
@@ -42,22 +41,42 @@ def chromium() -> str:
     return found.stdout.strip()
 
 
-@pytest.mark.timeout(180)
-def test_compare_link_shows_each_variant_once_and_no_parent(tmp_path, tracking_uri, chromium):
-    bench = load_bench()
-    uri = tracking_uri  # the session's store: its schema exists already
-    client = MlflowClient(uri)
+# The reference study's last `make results` finals (docs/results.md): a few tenths apart.
+FINAL_PPL = {"dense": 6.278, "set": 6.722, "static": 6.814, "granet": 6.823, "rigl": 6.876}
+
+
+def log_study(uri: str) -> str:
+    """A parent run and five variants logged as the workers log them (`Tracker`): perplexity
+    curves from 250 down to finals a few tenths apart; returns the experiment id."""
     parent = create_run("ui-study", tracking_uri=uri, run_name="the-parent",
                         tags={"csx.study_id": "3", "csx.role": "study"})
-    for index, variant in enumerate(VARIANTS):
+    for index, (variant, final) in enumerate(FINAL_PPL.items()):
         run_id = create_run("ui-study", tracking_uri=uri, parent_run_id=parent, run_name=variant,
                             tags={"csx.study_id": "3", "csx.role": "variant",
                                   "csx.variant": variant,
                                   "mlflow.runColor": VARIANT_COLOURS[index]})
-        client.log_batch(run_id, metrics=[Metric("eval/perplexity", 40.0 - 5 * step - index, 0,
-                                                 step) for step in range(1, 4)])
-    experiment_id = client.get_experiment_by_name("ui-study").experiment_id
-    server, url = bench.start_mlflow_server(uri, tmp_path / "server.log")
+        tracker = Tracker("ui-study", run_id=run_id, tracking_uri=uri)
+        for step in range(0, 101, 10):
+            tracker.log_metrics({"eval/perplexity": final + 250 * 0.6 ** step}, step=step)
+        tracker.finish()
+    return MlflowClient(uri).get_experiment_by_name("ui-study").experiment_id
+
+
+def fullscreen_chart(page, metric: str):
+    """The chart card of `metric`, enlarged; returns its dialog."""
+    card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
+        has=page.get_by_text(metric, exact=True)).first
+    card.hover()
+    card.locator("[data-component-id='fullscreen_button_chartcard']").click()
+    return page.get_by_role("dialog").first
+
+
+@pytest.mark.timeout(240)
+def test_compare_link_shows_five_variants_and_readable_final_perplexities(tmp_path, tracking_uri,
+                                                                           chromium):
+    bench = load_bench()
+    experiment_id = log_study(tracking_uri)  # the session's store: its schema exists already
+    server, url = bench.start_mlflow_server(tracking_uri, tmp_path / "server.log")
     try:
         from playwright.sync_api import sync_playwright
 
@@ -69,17 +88,27 @@ def test_compare_link_shows_each_variant_once_and_no_parent(tmp_path, tracking_u
             page.set_default_timeout(60_000)
             page.goto(f"{url}/{compare_link(experiment_id, 3)}")
             bench.close_assistant(page)
-            card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
-                has=page.get_by_text("eval/perplexity", exact=True)).first
-            card.hover()
-            card.locator("[data-component-id='fullscreen_button_chartcard']").click()
-            legend = page.get_by_role("dialog").first
-            for variant in VARIANTS:
-                legend.get_by_text(f"{variant} (eval/perplexity)").wait_for()
-            text = legend.inner_text()
+            # the link opens the runs of a model-training experiment, not the GenAI overview
+            page.get_by_role("link", name="rigl", exact=True).first.wait_for()
+            assert "Traces\n0" not in page.inner_text("body")
+            curves = fullscreen_chart(page, "eval/perplexity")
+            for variant in FINAL_PPL:
+                curves.get_by_text(f"{variant} (eval/perplexity)").wait_for()
+            curves_text = curves.inner_text()
+            page.keyboard.press("Escape")
+            finals = fullscreen_chart(page, "final/eval_perplexity")
+            for variant in FINAL_PPL:
+                finals.get_by_text(f"{variant} (final/eval_perplexity)").wait_for()
+            finals_text = finals.inner_text()
             browser.close()
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
-    assert "the-parent" not in text
-    assert all(text.count(f"{variant} (eval/perplexity)") == 1 for variant in VARIANTS), text
+    assert "the-parent" not in curves_text + finals_text
+    assert all(curves_text.count(f"{v} (eval/perplexity)") == 1 for v in FINAL_PPL), curves_text
+    # The one-point final chart spans only the finals (6.28 to 6.88), with ticks a tenth
+    # apart, so 0.1 differences are visible; the curves' axis runs to 250.
+    numbers = [float(line) for line in finals_text.splitlines() if re.fullmatch(r"\d+(\.\d+)?", line)]
+    ticks = [n for n in numbers if n < 90]  # the others are the x-axis: steps around 100
+    assert len(ticks) >= 5 and min(ticks) >= 6.0 and max(ticks) <= 7.0, finals_text
+    assert all(round(b - a, 6) <= 0.1 for a, b in zip(ticks, ticks[1:])), finals_text

@@ -63,7 +63,10 @@ def test_aggregate_flags_a_reversed_published_pair_and_needs_two_runs_for_noise(
     assert pairs["static", "rigl"].exceeds_noise
     dense = next(s for s in summaries if s.variant == "dense")
     assert dense.runs == 1 and dense.final_eval_perplexity_sd is None
-    assert not pairs["dense", "static"].exceeds_noise  # one dense run: no noise estimate
+    # one dense run: no noise estimate, and the report says so rather than "within noise"
+    assert pairs["dense", "static"].noise is None and pairs["dense", "static"].exceeds_noise is None
+    assert pairs["dense", "static"].verdict == "1 seed: no noise estimate"
+    assert pairs["static", "rigl"].verdict == "real"
     assert pairs["dense", "rigl"].published == "agrees"
     assert pairs["dense", "static"].published == "agrees"  # implied: dense < RigL < SET < Static
 
@@ -188,10 +191,10 @@ def test_a_study_with_seeds_runs_each_variant_per_seed_and_reports_mean_sd(
     assert summary["static"]["runs"] == 1 and summary["static"]["final_eval_perplexity_sd"] is None
     assert summary["rigl"]["final_eval_perplexity_mean"] == pytest.approx(6.05)
     assert summary["rigl"]["final_eval_perplexity_sd"] == pytest.approx(statistics.stdev([6.0, 6.1]))
-    # one static seed so far: no noise estimate for the pair, so the gap is not called real
+    # one static seed so far: no noise estimate for the pair, and the report says so
     assert report["gaps"] == [{"better": "rigl", "worse": "static", "gap": pytest.approx(0.95),
-                               "noise": pytest.approx(statistics.stdev([6.0, 6.1])),
-                               "exceeds_noise": False, "published": "agrees"}]
+                               "noise": None, "exceeds_noise": None,
+                               "verdict": "1 seed: no noise estimate", "published": "agrees"}]
     full = {(p["variant"], p["num_csx"]): p for p in report["full_size"]}
     assert set(full) == {(v, n) for v in ("static", "rigl") for n in (1, 4, 16)}
     assert "4 layers, hidden_size 1024" in full["rigl", 1]["model"]

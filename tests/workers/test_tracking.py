@@ -16,14 +16,19 @@ from workers.plots import (
     axes_hold_data,
     block_density,
     curves_figure,
+    plain_tick_labels,
     save_figure,
+    tradeoff_figure,
 )
 from workers.tracking import (
     PARENT_RUN_TAG,
     Tracker,
+    cli_run_name,
     create_run,
+    describe_lr_schedule,
     end_run,
     flatten_params,
+    job_params,
     pack_masks,
     resolve_tracking_uri,
     run_params,
@@ -49,7 +54,7 @@ def test_metrics_are_written_in_batches_of_at_most_1000(tracking_uri, monkeypatc
         tracker.log_metrics({"train/loss": 5.0 / step, "lr": 1e-3}, step=step)
     tracker.finish()
 
-    assert batch_sizes == [1000, 400]
+    assert batch_sizes == [1000, 401]  # 1400 points, then final/train_loss at finish
     history = tracker.client.get_metric_history(tracker.run_id, "train/loss")
     assert len(history) == 700
     assert {m.step: m.value for m in history}[350] == pytest.approx(5.0 / 350)
@@ -211,3 +216,143 @@ def test_helpers_round_trip_and_resolve():
     assert unpack_masks(pack_masks({"w": mask}))["w"].tolist() == mask.tolist()
     assert resolve_tracking_uri("sqlite:///x.db").startswith("sqlite:////")
     assert block_density(np.ones((1000, 3))).shape == (250, 3)  # blocks of 4 rows
+
+
+def test_lr_schedule_is_one_line_per_phase_without_unset_keys():
+    schedule = [{"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": 6e-4,
+                 "total_iters": 716, "decay_rate": None},
+                {"scheduler": "CosineDecay", "initial_learning_rate": 6e-4,
+                 "end_learning_rate": 6e-5, "total_iters": 4062, "power": None},
+                {"scheduler": "Constant", "learning_rate": 6e-5}]
+    assert describe_lr_schedule(schedule) == [
+        "steps 0-715: Linear 0 -> 0.0006", "steps 716-4777: CosineDecay 0.0006 -> 6e-05",
+        "from step 4778: Constant 6e-05"]
+    # a phase of unknown length: the next one's start is unknown too
+    assert describe_lr_schedule([{"scheduler": "Exponential", "initial_learning_rate": 0.1,
+                                  "decay_rate": 0.5, "step_size": None},
+                                 {"scheduler": "Constant", "learning_rate": 0.01}]) == [
+        "from step 0: Exponential 0.1 (decay_rate=0.5)", "Constant 0.01"]
+    params = run_params({"optimizer": {"learning_rate": schedule[:2]}}, num_csx=1)
+    assert params["optimizer.learning_rate.phase1"] == "steps 0-715: Linear 0 -> 0.0006"
+    assert params["lr"] == ("steps 0-715: Linear 0 -> 0.0006; then steps 716-4777: "
+                            "CosineDecay 0.0006 -> 6e-05")
+    assert not [v for k, v in params.items() if "learning_rate" in k and "None" in v]
+
+
+def test_job_params_hold_the_model_as_built():
+    """A preset fills the sizes the file leaves out; the params say what was built."""
+    from workers.job import model_config, planned_shapes
+    from workers.spec import JobSpec
+
+    spec = JobSpec.from_yaml("model: {preset: mini, num_hidden_layers: 3}\n"
+                             "train_input: {batch_size: 4, max_sequence_length: 16}\n")
+    built = model_config(spec, *planned_shapes(spec))
+    params = job_params(spec, num_csx=2)
+    assert (built.hidden_size, built.num_hidden_layers, built.vocab_size) == (128, 3, 256)
+    for key in ("hidden_size", "num_hidden_layers", "num_heads", "filter_size", "vocab_size",
+                "norm_type", "position_embedding_type", "max_position_embeddings"):
+        assert params[f"model.{key}"] == str(getattr(built, key)), key
+    assert params["model.preset"] == "mini" and params["num_csx"] == "2"
+
+
+def test_cli_run_names_differ_per_params_file():
+    assert cli_run_name("examples/rigl.yaml", "rigl") == "rigl"
+    assert cli_run_name("/x/params_gpt3_125m_rigl75.yaml", "rigl") == "params_gpt3_125m_rigl75"
+    assert cli_run_name("ablation-3.yaml", "rigl") == "ablation-3 (rigl)"
+    assert cli_run_name("a.yaml", "set") != cli_run_name("b.yaml", "set")
+
+
+@pytest.mark.slow
+def test_one_and_two_system_runs_are_recorded_alike(tmp_path, monkeypatch, capsys, ray_session):
+    """`csx run` on 1 system (in process) and on 2 (Ray): the same tags, params and summary
+    keys, `csx.num_csx` and `num_csx` saying which, and each run named after its file."""
+    import json
+
+    from workers import cli
+
+    store = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    summaries = {}
+    for name, num_csx in (("first", 1), ("second", 2)):
+        params = tmp_path / f"{name}.yaml"
+        params.write_text("train_input: {batch_size: 4, max_sequence_length: 16}\n"
+                          "eval_input: {batch_size: 4, max_sequence_length: 16}\n"
+                          "model: {preset: tiny}\n"
+                          "sparsity: {algorithm: set, sparsity: 0.5, update: {freq: 2}}\n"
+                          "runconfig: {max_steps: 2, log_steps: 1, eval_steps: 1, eval_frequency: 2, "
+                          "checkpoint_steps: 0, mlflow_experiment: recorded-alike}\n")
+        assert cli.main(["run", "--params", str(params), "--num_csx", str(num_csx),
+                         "--mode", "train_and_eval", "--model_dir", str(tmp_path / name)]) == 0
+        summaries[name] = json.loads(capsys.readouterr().out)
+    assert summaries["first"].keys() == summaries["second"].keys()
+    assert [summaries[n]["num_csx"] for n in ("first", "second")] == [1, 2]
+    client = MlflowClient(f"sqlite:///{store}")
+    runs = {name: client.get_run(summaries[name]["run_id"]) for name in summaries}
+    assert [runs[n].info.run_name for n in ("first", "second")] == ["first (set)", "second (set)"]
+    tags = {n: {k: v for k, v in r.data.tags.items() if k.startswith("csx.")}
+            for n, r in runs.items()}
+    assert tags["first"].keys() == tags["second"].keys() >= {
+        "csx.algorithm", "csx.variant", "csx.num_csx", "csx.params_file"}
+    assert (tags["first"]["csx.num_csx"], tags["second"]["csx.params_file"]) == ("1", "second.yaml")
+    assert runs["first"].data.params.keys() == runs["second"].data.params.keys()
+    assert runs["second"].data.params["num_csx"] == "2"
+    metric_keys = {n: set(r.data.metrics) for n, r in runs.items()}
+    assert metric_keys["first"] == metric_keys["second"] and "eval/perplexity" in metric_keys["first"]
+
+
+def test_tradeoff_axis_has_no_offset_and_does_not_stretch_tiny_differences():
+    """Speed-ups 5e-5 apart (an overhead-bound proxy) read as 1.00 for all, not "1e-5+1"."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    speedups = [1.00001, 1.00004, 1.00006]
+    figure = tradeoff_figure([(name, s, 7.0 + i, "C0") for i, (name, s) in
+                              enumerate(zip(("static", "set", "rigl"), speedups))], title="t")
+    FigureCanvasAgg(figure).draw()
+    axes = figure.axes[0]
+    low, high = axes.get_xlim()
+    assert high - low >= 0.1 and low < min(speedups) and max(speedups) < high
+    for axis in (axes.xaxis, axes.yaxis):
+        assert axis.get_offset_text().get_text() == ""
+        labels = [t.get_text().replace("\u2212", "-") for t in axis.get_ticklabels() if t.get_text()]
+        assert labels and all(abs(float(label)) < 100 for label in labels)
+    spread = tradeoff_figure([("a", 1.5, 7.0, "C0"), ("b", 2.5, 7.1, "C1")], title="t")
+    assert spread.axes[0].get_xlim()[1] - spread.axes[0].get_xlim()[0] == pytest.approx(1.1)
+
+
+def test_plain_tick_labels_on_values_near_a_large_constant():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure()
+    axes = figure.add_subplot()
+    axes.plot([0, 1, 2], [0.79690, 0.79695, 0.79700])
+    plain_tick_labels(axes)
+    FigureCanvasAgg(figure).draw()
+    assert axes.yaxis.get_offset_text().get_text() == ""
+    assert all(t.get_text().startswith("0.79") for t in axes.yaxis.get_ticklabels() if t.get_text())
+
+
+def test_experiments_open_on_their_runs_in_mlflow_3(tracking_uri):
+    """MLflow 3 opens an experiment without a kind on its GenAI overview (traces: 0)."""
+    client = MlflowClient(tracking_uri)
+    tracker = Tracker("kind-new", tracking_uri=tracking_uri)
+    old = client.create_experiment("kind-old")  # made by someone else, without the tag
+    Tracker("kind-old", tracking_uri=tracking_uri)
+    for experiment_id in (client.get_run(tracker.run_id).info.experiment_id, old):
+        tags = client.get_experiment(experiment_id).tags
+        assert tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_a_finished_run_logs_its_final_values_once_as_bar_metrics(tracking_uri):
+    tracker = Tracker("final", tracking_uri=tracking_uri)
+    for step, ppl in ((10, 20.0), (20, 9.5), (30, 7.25)):
+        tracker.log_metrics({"eval/perplexity": ppl, "train/loss": 1.0 / step}, step=step)
+    tracker.finish()
+    history = tracker.client.get_metric_history(tracker.run_id, "final/eval_perplexity")
+    assert [(m.step, m.value) for m in history] == [(30, 7.25)]
+    assert tracker.client.get_run(tracker.run_id).data.metrics["final/train_loss"] == 1.0 / 30
+    assert "final/eval_loss" not in tracker.client.get_run(tracker.run_id).data.metrics
+    failed = Tracker("final", tracking_uri=tracking_uri)
+    failed.log_metrics({"eval/perplexity": 9.0}, step=5)
+    failed.finish("FAILED")  # a failed run has no final value to compare
+    assert "final/eval_perplexity" not in failed.client.get_run(failed.run_id).data.metrics

@@ -15,37 +15,42 @@ from typing import Any
 from bench.study_report import comparison_lines, fmt, last_value, mean_sd
 
 VARIANTS = ("dense", "static", "set", "rigl", "rigl-sinkhorn", "granet")
+EXTRA = ("rigl-sinkhorn",)  # this library's knob, beside the study's variants
+CONTROL = "dense-half-batch"  # bench/study_results.py: dense at the sparse runs' batch and steps
 # The blog's ordering at 80% (better first): SET and RigL beat Static, GraNet beats RigL.
 BLOG_CLAIMS = (("set", "static"), ("rigl", "static"), ("granet", "rigl"))
 TITLE = "## Two protocols: the RigL paper's (reference study) and the Cerebras blog's"
 
 
-def _by_variant(data: dict[str, Any]) -> dict[str, list[float]]:
+def _by_variant(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run in sorted(data["runs"], key=lambda r: r["seed"]):
         runs[run["variant"]].append(run)
     return runs
 
 
-def claim_verdict(better: list[float], worse: list[float]) -> tuple[float, float, str]:
-    """(gap worse − better, seed noise, verdict) for a claim that `better` has the lower mean;
-    the gap counts when it exceeds the larger seed sd (service.studies.aggregate's rule)."""
+def claim_verdict(better: list[float], worse: list[float]) -> tuple[float, float, bool]:
+    """(gap worse − better, seed noise, whether the gap is real) for a claim that `better` has
+    the lower mean; a gap is real when it exceeds the larger seed sd with at least 2 runs on each
+    side (service.studies.aggregate's rule). A negative gap reverses the claim."""
     gap = statistics.fmean(worse) - statistics.fmean(better)
     noise = max(mean_sd(better)[1], mean_sd(worse)[1])
-    holds = "holds" if gap > 0 else "reversed"
-    real = min(len(better), len(worse)) > 1 and abs(gap) > noise
-    return gap, noise, f"{holds}, {'beyond' if real else 'within'} seed noise"
+    return gap, noise, min(len(better), len(worse)) > 1 and abs(gap) > noise
+
+
+def _noise_word(real: bool) -> str:
+    return "beyond" if real else "within"
 
 
 def reproduces(ppl: dict[str, list[float]]) -> bool:
     """Whether every claim of the blog holds beyond seed noise."""
-    return all(claim_verdict(ppl[a], ppl[b])[2] == "holds, beyond seed noise"
-               for a, b in BLOG_CLAIMS if a in ppl and b in ppl)
+    return all(gap > 0 and real for gap, _, real in
+               (claim_verdict(ppl[a], ppl[b]) for a, b in BLOG_CLAIMS if a in ppl and b in ppl))
 
 
 def blog_section(blog: dict[str, Any], reference: dict[str, Any]) -> list[str]:
     blog_runs, ref_runs = _by_variant(blog), _by_variant(reference)
-    names = [v for v in VARIANTS if v in blog_runs]
+    names = [v for v in (*VARIANTS, CONTROL) if v in blog_runs]
     ppl = {name: [r["final_ppl"] for r in blog_runs[name]] for name in names}
     ref_ppl = {name: [r["final_ppl"] for r in ref_runs[name]] for name in names if name in ref_runs}
     seeds = sorted({r["seed"] for r in blog["runs"]})
@@ -105,13 +110,14 @@ def blog_section(blog: dict[str, Any], reference: dict[str, Any]) -> list[str]:
         cells = []
         for runs in (ref_ppl, ppl):
             if better in runs and worse in runs:
-                gap, noise, verdict = claim_verdict(runs[better], runs[worse])
-                cells.append(f"{verdict} ({worse} − {better} {gap:+.3f}, sd {noise:.3f})")
+                gap, noise, real = claim_verdict(runs[better], runs[worse])
+                cells.append(f"{'holds' if gap > 0 else 'reversed'}, {_noise_word(real)} seed "
+                             f"noise ({worse} − {better} {gap:+.3f}, sd {noise:.3f})")
             else:
                 cells.append("—")
         lines.append(f"| {better} < {worse} | {cells[0]} | {cells[1]} |")
     # comparison_lines: the order, a blank line, then the published orders and one line per pair
-    pairs = comparison_lines({n: ppl[n] for n in names if n != "rigl-sinkhorn"})
+    pairs = comparison_lines({n: ppl[n] for n in names if n not in (*EXTRA, CONTROL)})
     ranked = " < ".join(f"{n} ({statistics.fmean(ppl[n]):.3f})"
                         for n in sorted(names, key=lambda n: statistics.fmean(ppl[n])))
     ref_ranked = " < ".join(f"{n} ({statistics.fmean(ref_ppl[n]):.3f})"
@@ -119,6 +125,7 @@ def blog_section(blog: dict[str, Any], reference: dict[str, Any]) -> list[str]:
     lines += ["", f"Order under the blog protocol, best first: {ranked}.", "",
               f"Order under the reference protocol, best first: {ref_ranked}.", "",
               *_decision_lines(ppl), "", *_same_dense_line(ppl, ref_ppl),
+              *_control_lines(ppl),
               "Every pair of the study's variants under the blog protocol:", "", *pairs[2:], "",
               "Wall time per run, mean over seeds in s (blog / reference protocol; the 2-core "
               "machine was shared with other work, so these are indications): " + ", ".join(
@@ -129,6 +136,22 @@ def blog_section(blog: dict[str, Any], reference: dict[str, Any]) -> list[str]:
 
 def _mean_wall(runs: list[dict[str, Any]]) -> str:
     return f"{statistics.fmean(r['wall_s'] for r in runs):.0f}" if runs else "—"
+
+
+def _control_lines(ppl: dict[str, list[float]]) -> list[str]:
+    """What the protocol's smaller batch gives a dense model: dense trained like the sparse runs."""
+    if CONTROL not in ppl or "dense" not in ppl:
+        return []
+    gap, noise, real = claim_verdict(ppl[CONTROL], ppl["dense"])
+    beaten = [n for n in ppl if n not in ("dense", CONTROL)
+              and statistics.fmean(ppl[n]) < statistics.fmean(ppl["dense"])]
+    return [f"Control (`{CONTROL}`, not a study variant): dense trained like the sparse runs, at "
+            f"half the batch for twice the steps, reaches {fmt(ppl[CONTROL])} against "
+            f"{fmt(ppl['dense'])} at the full batch ({-gap:+.3f}, "
+            f"{_noise_word(real)} the seed sd {noise:.3f}). The sparse "
+            "variants are compared among themselves on equal terms; against dense, the protocol "
+            "gives them more optimizer steps than the dense run it reports"
+            + (f" ({', '.join(beaten)} below the full-batch dense mean)." if beaten else "."), ""]
 
 
 def _same_dense_line(ppl: dict[str, list[float]], ref_ppl: dict[str, list[float]]) -> list[str]:

@@ -35,6 +35,7 @@ STUDY = ROOT / "examples" / "study.yaml"
 BLOG_STUDY = ROOT / "examples" / "study_blog.yaml"
 RESULTS = ROOT / "bench" / "results" / "study_results.json"
 BLOG_RESULTS = RESULTS.with_name("study_results_blog.json")
+DENSE_CONTROL = "dense-half-batch"  # bench/blog_report.py's control row
 DOCS = ROOT / "docs"
 PROJECTED_SYSTEMS = (1, 2, 4, 16)
 SPARSE_WIDE_LEVELS = (0.5, 0.75)
@@ -111,10 +112,15 @@ def blog_specs(steps: int | None, seeds: list[int]) -> list[dict[str, Any]]:
         body["variants"] = [{k: v for k, v in variant.items() if k != "max_steps"}
                             for variant in body["variants"]]
     study = StudyCreate.model_validate(nest_params(body, StudyCreate))
+    jobs = study_jobs(study)
+    # The control the protocol leaves out: dense at the sparse runs' batch and steps, to tell
+    # what the smaller batch gives every model from what sparse training gives.
+    sparse = next(job for job in jobs if job.sparsity is not None)
+    jobs.append(sparse._replace(variant=DENSE_CONTROL, sparsity=None))
     return [{"variant": job.variant, "seed": seed, "params": variant_spec(
                 study.params, job.sparsity, seed, batch_size=job.batch_size,
                 max_steps=job.max_steps).model_dump(mode="json")}
-            for seed in seeds for job in study_jobs(study)]
+            for seed in seeds for job in jobs]
 
 
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
@@ -151,19 +157,23 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
             "max_steps": spec.runconfig.max_steps, "batch_size": spec.train_input.batch_size}
 
 
-def run_all(tasks: list[dict[str, Any]], processes: int, results: Path,
-            header: dict[str, Any]) -> None:
+def run_all(tasks: list[dict[str, Any]], processes: int, results: Path, command: str,
+            seeds: list[int], kept: dict[str, Any] | None = None) -> None:
     """Runs `tasks` (two at a time by default) and rewrites `results` after each finished run,
-    so that what finished survives an interruption."""
+    so that what finished survives an interruption. `kept`: an earlier results file whose runs
+    (and wall time) stay beside the new ones."""
     started = time.perf_counter()
-    runs: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = list((kept or {}).get("runs", []))
+    commands = [*(kept or {}).get("commands", [kept["command"]] if kept else []), command]
+    earlier_wall_s = (kept or {}).get("total_wall_s", 0.0)
     results.parent.mkdir(parents=True, exist_ok=True)
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        for run in pool.imap_unordered(run_task, tasks, chunksize=1):
+        for done, run in enumerate(pool.imap_unordered(run_task, tasks, chunksize=1), 1):
             runs.append(run)
             results.write_text(json.dumps({
-                **header, "total_wall_s": time.perf_counter() - started,
-                "complete": len(runs) == len(tasks),
+                "command": " && ".join(commands), "commands": commands, "seeds": seeds,
+                "total_wall_s": earlier_wall_s + time.perf_counter() - started,
+                "complete": done == len(tasks) and (kept or {}).get("complete", True),
                 "runs": sorted(runs, key=lambda r: (r["seed"], r["variant"]))}, indent=1))
 
 
@@ -174,15 +184,25 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--steps", type=int, default=None, help="override runconfig.max_steps")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated: run only these; the results file keeps its "
+                             "runs of the other variants")
     parser.add_argument("--render-only", action="store_true", help="re-render the results JSON")
     args = parser.parse_args()
     if not args.render_only:
         seeds = [int(s) for s in args.seeds.split(",")]
         blog = args.protocol == "blog"
+        results = BLOG_RESULTS if blog else RESULTS
         tasks = blog_specs(args.steps, seeds) if blog else run_specs(args.steps, seeds)
+        kept = None
+        if args.variants is not None:
+            only = set(args.variants.split(","))
+            tasks = [t for t in tasks if t["variant"] in only]
+            if results.exists():
+                kept = json.loads(results.read_text())
+                kept["runs"] = [r for r in kept["runs"] if r["variant"] not in only]
         command = "python bench/study_results.py " + " ".join(sys.argv[1:])
-        run_all(tasks, args.processes, BLOG_RESULTS if blog else RESULTS,
-                {"command": command.strip(), "seeds": seeds})
+        run_all(tasks, args.processes, results, command.strip(), seeds, kept)
     from bench.blog_report import insert_blog_section
     from bench.study_report import render
 

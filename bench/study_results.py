@@ -7,7 +7,14 @@ a 2-core machine), collecting per-step metrics through a tracker-shaped recorder
 the final masks onto 1, 2, 4 and 16 CS-2 systems with the simulator's cost model; renders
 the tables and PNGs. Raw numbers go to bench/results/study_results.json.
 
-    python bench/study_results.py [--seeds 0,1,2] [--steps N] [--render-only]
+`--protocol blog` runs examples/study_blog.yaml instead (the Cerebras sparsity blog's protocol:
+sparse runs at half the batch for twice the steps, drop fraction 0.5, rarer updates), each
+variant's spec exactly as the service builds it, into bench/results/study_results_blog.json;
+docs/results.md then compares the two protocols (bench/blog_report.py). Results are written
+after every finished run, so an interrupted run still renders (`--render-only`).
+
+    python bench/study_results.py [--protocol reference|blog] [--seeds 0,1,2] [--steps N]
+                                  [--render-only]
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout, not installed
 
 STUDY = ROOT / "examples" / "study.yaml"
+BLOG_STUDY = ROOT / "examples" / "study_blog.yaml"
 RESULTS = ROOT / "bench" / "results" / "study_results.json"
+BLOG_RESULTS = RESULTS.with_name("study_results_blog.json")
+DENSE_CONTROL = "dense-half-batch"  # bench/blog_report.py's control row
 DOCS = ROOT / "docs"
 PROJECTED_SYSTEMS = (1, 2, 4, 16)
 SPARSE_WIDE_LEVELS = (0.5, 0.75)
@@ -84,6 +94,35 @@ def run_specs(steps: int | None, seeds: list[int]) -> list[dict[str, Any]]:
     return tasks
 
 
+def blog_specs(steps: int | None, seeds: list[int]) -> list[dict[str, Any]]:
+    """One task per (variant, seed) of examples/study_blog.yaml, each spec as the service
+    builds it (service.studies.variant_spec: the variant's batch and stretched steps). With
+    `steps`, the dense base runs that many steps and each variant derives its own from its
+    batch (same tokens)."""
+    import yaml
+
+    from service.api.body import nest_params
+    from service.schemas import StudyCreate
+    from service.studies import study_jobs, variant_spec
+
+    body = yaml.safe_load(BLOG_STUDY.read_text(encoding="utf-8"))
+    if steps is not None:
+        body["runconfig"] = {**body["runconfig"], "max_steps": steps,
+                             "eval_frequency": max(1, steps // 10)}
+        body["variants"] = [{k: v for k, v in variant.items() if k != "max_steps"}
+                            for variant in body["variants"]]
+    study = StudyCreate.model_validate(nest_params(body, StudyCreate))
+    jobs = study_jobs(study)
+    # The control the protocol leaves out: dense at the sparse runs' batch and steps, to tell
+    # what the smaller batch gives every model from what sparse training gives.
+    sparse = next(job for job in jobs if job.sparsity is not None)
+    jobs.append(sparse._replace(variant=DENSE_CONTROL, sparsity=None))
+    return [{"variant": job.variant, "seed": seed, "params": variant_spec(
+                study.params, job.sparsity, seed, batch_size=job.batch_size,
+                max_steps=job.max_steps).model_dump(mode="json")}
+            for seed in seeds for job in jobs]
+
+
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -115,32 +154,63 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
             "eval_history": summary["eval_history"], "metrics": recorder.metrics,
             "speedup": projections, "layer_density": summary.get("layer_density", {}),
             "params": sum(p.numel() for p in model.parameters()),
-            "max_steps": spec.runconfig.max_steps}
+            "max_steps": spec.runconfig.max_steps, "batch_size": spec.train_input.batch_size}
+
+
+def run_all(tasks: list[dict[str, Any]], processes: int, results: Path, command: str,
+            seeds: list[int], kept: dict[str, Any] | None = None) -> None:
+    """Runs `tasks` (two at a time by default) and rewrites `results` after each finished run,
+    so that what finished survives an interruption. `kept`: an earlier results file whose runs
+    (and wall time) stay beside the new ones."""
+    started = time.perf_counter()
+    runs: list[dict[str, Any]] = list((kept or {}).get("runs", []))
+    commands = [*(kept or {}).get("commands", [kept["command"]] if kept else []), command]
+    earlier_wall_s = (kept or {}).get("total_wall_s", 0.0)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        for done, run in enumerate(pool.imap_unordered(run_task, tasks, chunksize=1), 1):
+            runs.append(run)
+            results.write_text(json.dumps({
+                "command": " && ".join(commands), "commands": commands, "seeds": seeds,
+                "total_wall_s": earlier_wall_s + time.perf_counter() - started,
+                "complete": done == len(tasks) and (kept or {}).get("complete", True),
+                "runs": sorted(runs, key=lambda r: (r["seed"], r["variant"]))}, indent=1))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--protocol", choices=("reference", "blog"), default="reference",
+                        help="examples/study.yaml (reference) or examples/study_blog.yaml (blog)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--steps", type=int, default=None, help="override runconfig.max_steps")
     parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--render-only", action="store_true", help=f"re-render {RESULTS.name}")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated: run only these; the results file keeps its "
+                             "runs of the other variants")
+    parser.add_argument("--render-only", action="store_true", help="re-render the results JSON")
     args = parser.parse_args()
     if not args.render_only:
         seeds = [int(s) for s in args.seeds.split(",")]
-        tasks = run_specs(args.steps, seeds)
-        started = time.perf_counter()
-        with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
-            runs = pool.map(run_task, tasks, chunksize=1)
+        blog = args.protocol == "blog"
+        results = BLOG_RESULTS if blog else RESULTS
+        tasks = blog_specs(args.steps, seeds) if blog else run_specs(args.steps, seeds)
+        kept = None
+        if args.variants is not None:
+            only = set(args.variants.split(","))
+            tasks = [t for t in tasks if t["variant"] in only]
+            if results.exists():
+                kept = json.loads(results.read_text())
+                kept["runs"] = [r for r in kept["runs"] if r["variant"] not in only]
         command = "python bench/study_results.py " + " ".join(sys.argv[1:])
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps({"command": command.strip(), "seeds": seeds,
-                                       "total_wall_s": time.perf_counter() - started,
-                                       "runs": runs}, indent=1))
+        run_all(tasks, args.processes, results, command.strip(), seeds, kept)
+    from bench.blog_report import insert_blog_section
     from bench.study_report import render
 
     cause = RESULTS.with_name("rigl_cause.json")
-    render(json.loads(RESULTS.read_text()), DOCS,
-           json.loads(cause.read_text()) if cause.exists() else None)
+    reference = json.loads(RESULTS.read_text())
+    render(reference, DOCS, json.loads(cause.read_text()) if cause.exists() else None)
+    if BLOG_RESULTS.exists():
+        insert_blog_section(DOCS / "results.md", json.loads(BLOG_RESULTS.read_text()), reference)
     print(f"wrote {DOCS / 'results.md'}")
     return 0
 

@@ -10,6 +10,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveInt,
     StringConstraints,
     field_validator,
     model_validator,
@@ -135,6 +136,35 @@ class StudyVariant(BaseModel):
 
     name: Name
     sparsity: Any = Field(description="the variant's `sparsity` section; null for dense")
+    # Sparse runs at half the batch for twice the steps (In-Time Over-Parameterization, as the
+    # Cerebras sparsity blog trains them): the tokens stay the base's, so variants stay comparable.
+    batch_size: PositiveInt | None = Field(
+        default=None, description="this variant's train_input.batch_size; with max_steps, "
+                                  "batch_size x max_steps must equal the base's (same tokens), "
+                                  "and either one alone derives the other")
+    max_steps: PositiveInt | None = Field(
+        default=None, description="this variant's runconfig.max_steps; the learning-rate "
+                                  "schedule and the eval/checkpoint/log cadence stretch with it")
+
+    def with_equal_tokens(self, base_batch: int, base_steps: int, num_csx: int,
+                          where: str) -> StudyVariant:
+        """This variant with both batch_size and max_steps set (or neither), so that it trains
+        on the base's tokens; ValueError names the field (`where` is the variant's path)."""
+        if self.batch_size is None and self.max_steps is None:
+            return self
+        tokens = base_batch * base_steps
+        batch = self.batch_size or tokens // self.max_steps
+        steps = self.max_steps or tokens // self.batch_size
+        if batch * steps != tokens:
+            field = "batch_size" if self.batch_size is not None else "max_steps"
+            raise ValueError(
+                f"{where}.{field}: batch_size {batch} x max_steps {steps} must equal the base's "
+                f"{base_batch} x {base_steps} = {tokens} sequences (every variant trains on the "
+                "same tokens)")
+        if batch % num_csx:
+            raise ValueError(f"{where}.batch_size: global batch_size {batch} must divide evenly "
+                             f"over num_csx={num_csx}")
+        return self.model_copy(update={"batch_size": batch, "max_steps": steps})
 
 
 class StudyCreate(RunOptions):
@@ -168,8 +198,14 @@ class StudyCreate(RunOptions):
                 raise ValueError(f"algorithms must be distinct, got {self.algorithms}")
             if self.sparsity is None and set(self.algorithms) != {"dense"}:
                 raise ValueError("`algorithms` other than dense need `sparsity`")
-        if self.variants is not None and len({v.name for v in self.variants}) != len(self.variants):
-            raise ValueError("variant names must be distinct")
+        if self.variants is not None:
+            if len({v.name for v in self.variants}) != len(self.variants):
+                raise ValueError("variant names must be distinct")
+            run = self.params.runconfig
+            num_csx = self.num_csx if self.num_csx is not None else run.num_csx
+            self.variants = [v.with_equal_tokens(self.params.train_input.batch_size, run.max_steps,
+                                                 num_csx, f"variants[{i}] ({v.name})")
+                             for i, v in enumerate(self.variants)]
         if "dense" in (self.algorithm_options or {}):  # options of unlisted algorithms: unused
             raise ValueError("algorithm_options.dense: dense has no sparsity section to extend")
         if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):

@@ -10,7 +10,7 @@ import tempfile
 from collections import defaultdict
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 from urllib.parse import quote
 
 from service.full_size import full_size_report
@@ -94,22 +94,66 @@ def variants(study_in: StudyCreate) -> list[tuple[str, Any]]:
     return sections
 
 
-def study_jobs(study_in: StudyCreate) -> list[tuple[str, int | None, Any]]:
-    """(variant name, seed, sparsity section) for every job: each variant once per seed of
-    `seeds`, or once at the spec's own runconfig.seed (seed None)."""
-    return [(name, seed, section) for seed in study_in.seeds or [None]
-            for name, section in variants(study_in)]
+class StudyJob(NamedTuple):
+    """One job of a study: a variant at a seed (None: the spec's own), with its sparsity
+    section and, where the variant sets them, its own batch size and step count."""
+    variant: str
+    seed: int | None
+    sparsity: Any
+    batch_size: int | None = None
+    max_steps: int | None = None
 
 
-def variant_spec(base: JobSpec, sparsity: Any, seed: int | None = None) -> JobSpec:
-    """The base spec with another sparsity section (and seed); data and model stay shared."""
+def study_jobs(study_in: StudyCreate) -> list[StudyJob]:
+    """Every job: each variant once per seed of `seeds`, or once at runconfig.seed."""
+    runs = {v.name: (v.batch_size, v.max_steps) for v in study_in.variants or []}
+    return [StudyJob(name, seed, section, *runs.get(name, (None, None)))
+            for seed in study_in.seeds or [None] for name, section in variants(study_in)]
+
+
+# Step counts that scale with a variant's max_steps, so that a run twice as long follows the
+# same learning-rate curve and evaluates, checkpoints and logs at the same tokens seen.
+SCHEDULER_STEP_KEYS = ("total_iters", "step_size", "T_max", "warmup_steps")
+RUNCONFIG_STEP_KEYS = ("eval_frequency", "checkpoint_steps", "log_steps")
+
+
+def variant_spec(base: JobSpec, sparsity: Any, seed: int | None = None, *,
+                 batch_size: int | None = None, max_steps: int | None = None) -> JobSpec:
+    """The base spec with another sparsity section (and seed, batch size, step count); data
+    and model stay shared. A different max_steps stretches the learning-rate schedule and the
+    eval/checkpoint/log cadence by max_steps / the base's."""
     params = {**base.model_dump(mode="json"), "sparsity": sparsity}
+    runconfig = dict(params["runconfig"])
     if seed is not None:
-        params["runconfig"] = {**params["runconfig"], "seed": seed}
+        runconfig["seed"] = seed
+    if max_steps is not None and max_steps != base.runconfig.max_steps:
+        ratio = max_steps / base.runconfig.max_steps
+        for key in RUNCONFIG_STEP_KEYS:
+            if runconfig.get(key):
+                runconfig[key] = max(1, round(runconfig[key] * ratio))
+        runconfig["max_steps"] = max_steps
+        params["optimizer"] = {**params["optimizer"], "learning_rate": _stretched(
+            params["optimizer"]["learning_rate"], ratio)}
+    params["runconfig"] = runconfig
+    if batch_size is not None:
+        params["train_input"] = {**params["train_input"], "batch_size": batch_size}
     return JobSpec.model_validate(params)
 
 
 NO_NOISE_ESTIMATE = "1 seed: no noise estimate"
+
+
+def _stretched(rate: Any, ratio: float) -> Any:
+    """A learning rate (number, scheduler or list of schedulers) over `ratio` times the steps."""
+    if isinstance(rate, list):
+        return [_stretched(item, ratio) for item in rate]
+    if not isinstance(rate, dict):
+        return rate  # a constant rate has no steps
+    scaled = {key: (max(1, round(value * ratio)) if key in SCHEDULER_STEP_KEYS and value else value)
+              for key, value in rate.items()}
+    if scaled.get("milestones"):
+        scaled["milestones"] = [round(m * ratio) for m in scaled["milestones"]]
+    return scaled
 
 
 def aggregate(rows: Sequence[StudyReportRow]) -> tuple[list[StudyVariantSummary], list[StudyGap]]:

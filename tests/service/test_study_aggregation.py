@@ -80,13 +80,13 @@ def test_aggregate_of_nothing_measured():
 def test_seeds_make_one_job_per_variant_and_seed():
     study = _study(seeds=[3, 5])
     jobs = study_jobs(study)
-    variants = [name for name, _ in ((n, s) for n, s, _ in jobs)]
+    variants = [job.variant for job in jobs]
     assert len(jobs) == 2 * len(study.algorithms)
-    assert [seed for _, seed, _ in jobs] == [3] * len(study.algorithms) + [5] * len(study.algorithms)
+    assert [job.seed for job in jobs] == [3] * len(study.algorithms) + [5] * len(study.algorithms)
     assert variants[:len(study.algorithms)] == list(study.algorithms)
-    name, seed, section = jobs[-1]
-    assert variant_spec(study.params, section, seed).runconfig.seed == 5
-    assert [s for _, s, _ in study_jobs(_study())] == [None] * len(study.algorithms)
+    last = jobs[-1]
+    assert variant_spec(study.params, last.sparsity, last.seed).runconfig.seed == 5
+    assert [job.seed for job in study_jobs(_study())] == [None] * len(study.algorithms)
 
 
 @pytest.mark.parametrize("seeds", [[0, 0], [-1], [], [2**31]])
@@ -205,12 +205,12 @@ def test_a_study_with_seeds_runs_each_variant_per_seed_and_reports_mean_sd(
 
 def test_algorithm_options_extend_the_derived_section_of_their_algorithm():
     study = _study(algorithm_options={"rigl": {"balance_out_groups": 32}})
-    sections = {name: section for name, _, section in study_jobs(study)}
+    sections = {job.variant: job.sparsity for job in study_jobs(study)}
     assert sections["rigl"]["balance_out_groups"] == 32
     assert sections["rigl"]["update"] == sections["set"]["update"]  # the rest stays derived
     assert "balance_out_groups" not in sections["set"]
     trimmed = _study(algorithms=["dense", "rigl"])  # options of algorithms not run: unused
-    assert [name for name, _, _ in study_jobs(trimmed)] == ["dense", "rigl"]
+    assert [job.variant for job in study_jobs(trimmed)] == ["dense", "rigl"]
     for bad in ({"dense": {"x": 1}}, {"gmp": {"x": 1}}):
         with pytest.raises(ValidationError, match="algorithm_options"):
             _study(algorithm_options=bad)

@@ -32,9 +32,10 @@ async def create_study(request: Request, session: SessionDep, user: CurrentUser,
     specs = []
     jobs = study_jobs(study_in)
     per_seed = len(jobs) // len(study_in.seeds or [None])
-    for index, (name, seed, sparsity) in enumerate(jobs):
+    for index, (name, seed, sparsity, batch_size, max_steps) in enumerate(jobs):
         try:
-            spec = variant_spec(study_in.params, sparsity, seed)
+            spec = variant_spec(study_in.params, sparsity, seed, batch_size=batch_size,
+                                max_steps=max_steps)
             checkpoint = check_submission(study_in, spec, settings, session=session, caller=user)
         except SubmissionError as err:
             where = "variants" if study_in.variants is not None else "algorithms"

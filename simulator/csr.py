@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -203,3 +204,26 @@ def csr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     x2d = x.reshape(-1, structure.shape[1])
     y = CSRLinearFunction.apply(x2d, weight, bias, structure, dense_grad, backend)
     return y.reshape(*leading, structure.shape[0])
+
+
+def native_kernel_calls(kernels: KernelLibrary, structure: CSRStructure, weight: torch.Tensor,
+                        x: torch.Tensor, grad_y: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """The three native kernel calls of one forward+backward, as closures (bench/roofline.py).
+
+    Packing an activation counts towards the kernel that first needs it (forward: X,
+    input_grad: dY); the weight gradient reuses both packs, as the autograd function does.
+    """
+    in_features = structure.shape[1]
+    out_features = structure.shape[0]
+    vals = weight.reshape(-1).index_select(0, structure.flat_index)
+    vals_t = weight.reshape(-1).index_select(0, structure.flat_index_t)
+    packed_x, packed_grad = kernels.pack(x), kernels.pack(grad_y)
+    tokens = x.shape[0]
+    return {
+        "forward": lambda: kernels.spmm(structure.indptr, structure.cols, vals, None,
+                                        in_features, kernels.pack(x), tokens),
+        "input_grad": lambda: kernels.spmm(structure.indptr_t, structure.cols_t, vals_t, None,
+                                           out_features, kernels.pack(grad_y), tokens),
+        "weight_grad": lambda: kernels.sddmm(structure.indptr, structure.cols, in_features,
+                                             packed_grad, packed_x),
+    }

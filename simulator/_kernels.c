@@ -33,7 +33,14 @@
 #else
 #define VEC_BYTES 32
 #endif
-#define SDDMM_GROUP 2    /* blocks summed in registers before one horizontal reduction */
+/* sddmm keeps SDDMM_REGS vector registers of gradient resident (half the register file) and
+ * sums into SDDMM_ACCS accumulators to hide FMA latency. */
+#if defined(__AVX512F__)
+#define SDDMM_REGS 16
+#else
+#define SDDMM_REGS 8
+#endif
+#define SDDMM_ACCS 4
 #define PACK_TILE (VEC_BYTES / 4) /* features per pack/unpack tile: a vector register of floats */
 
 int csx_block_tokens(void) { return BLOCK; }
@@ -88,7 +95,10 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
 
 #define DEFINE_KERNELS(T, S)                                                                      \
     typedef T vec_##S __attribute__((vector_size(VEC_BYTES), aligned(sizeof(T))));                \
-    enum { LANES_##S = VEC_BYTES / sizeof(T), VECS_##S = BLOCK / LANES_##S };                     \
+    enum { LANES_##S = VEC_BYTES / sizeof(T), VECS_##S = BLOCK / LANES_##S,                       \
+           /* blocks whose gradient fits in SDDMM_REGS registers (at least one) */                \
+           SDDMM_GROUP_##S = SDDMM_REGS / VECS_##S > 0 ? SDDMM_REGS / VECS_##S : 1,               \
+           SDDMM_VECS_##S = SDDMM_GROUP_##S * VECS_##S };                                         \
                                                                                                   \
     static void *pack_worker_##S(void *arg) {                                                     \
         const work_t *w = (const work_t *)arg;                                                    \
@@ -166,33 +176,43 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
         return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    static void *sddmm_worker_##S(void *arg) {                                                    \
-        const work_t *w = (const work_t *)arg;                                                    \
+    /* One row's gradient for GROUP blocks (GROUP * VECS vectors) stays in registers while each  \
+     * of the row's non-zeros streams its activation tile past it: one load per FMA and one      \
+     * horizontal reduction per GROUP * VECS FMAs. */                                             \
+    static inline __attribute__((always_inline)) void sddmm_rows_##S(                             \
+        const work_t *w, int64_t b0, int group) {                                                 \
         const int64_t n = w->features, m = w->rows;                                               \
+        const T *gsrc = (const T *)w->grad, *xsrc = (const T *)w->src;                            \
         T *out = (T *)w->out;                                                                     \
-        for (int32_t k = w->indptr[w->begin]; k < w->indptr[w->end]; k++) out[k] = 0;             \
-        for (int64_t b0 = 0; b0 < w->blocks; b0 += SDDMM_GROUP) {                                 \
-            const int64_t group = w->blocks - b0 < SDDMM_GROUP ? w->blocks - b0 : SDDMM_GROUP;    \
-            for (int64_t r = w->begin; r < w->end; r++) {                                         \
-                for (int32_t k = w->indptr[r]; k < w->indptr[r + 1]; k++) {                       \
-                    vec_##S acc = {0}, acc2 = {0};                                                \
-                    for (int64_t b = b0; b < b0 + group; b++) {                                   \
-                        const vec_##S *g = (const vec_##S *)((const T *)w->grad +                 \
-                                                             (b * m + r) * BLOCK);                \
-                        const vec_##S *x = (const vec_##S *)((const T *)w->src +                  \
-                                                             (b * n + w->cols[k]) * BLOCK);       \
-                        for (int q = 0; q + 1 < VECS_##S; q += 2) {                               \
-                            acc += g[q] * x[q];                                                   \
-                            acc2 += g[q + 1] * x[q + 1];                                          \
-                        }                                                                         \
-                    }                                                                             \
-                    acc += acc2;                                                                  \
-                    T sum = 0;                                                                    \
-                    for (int l = 0; l < LANES_##S; l++) sum += acc[l];                            \
-                    out[k] += sum;                                                                \
-                }                                                                                 \
+        for (int64_t r = w->begin; r < w->end; r++) {                                             \
+            const int32_t kbegin = w->indptr[r], kend = w->indptr[r + 1];                         \
+            if (kbegin == kend) continue;                                                         \
+            vec_##S g[SDDMM_VECS_##S];                                                            \
+            for (int i = 0; i < group * VECS_##S; i++)                                            \
+                g[i] = ((const vec_##S *)(gsrc + ((b0 + i / VECS_##S) * m + r) * BLOCK))          \
+                    [i % VECS_##S];                                                               \
+            for (int32_t k = kbegin; k < kend; k++) {                                             \
+                const T *x = xsrc + (b0 * n + w->cols[k]) * BLOCK;                                \
+                vec_##S acc[SDDMM_ACCS] = {{0}};                                                  \
+                for (int i = 0; i < group * VECS_##S; i++)                                        \
+                    acc[i % SDDMM_ACCS] += g[i] *                                                 \
+                        ((const vec_##S *)(x + (i / VECS_##S) * n * BLOCK))[i % VECS_##S];        \
+                for (int a = 1; a < SDDMM_ACCS; a++) acc[0] += acc[a];                            \
+                T sum = 0;                                                                        \
+                for (int l = 0; l < LANES_##S; l++) sum += acc[0][l];                             \
+                out[k] += sum;                                                                    \
             }                                                                                     \
         }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    static void *sddmm_worker_##S(void *arg) {                                                    \
+        const work_t *w = (const work_t *)arg;                                                    \
+        T *out = (T *)w->out;                                                                     \
+        for (int32_t k = w->indptr[w->begin]; k < w->indptr[w->end]; k++) out[k] = 0;             \
+        int64_t b0 = 0;                                                                           \
+        for (; b0 + SDDMM_GROUP_##S <= w->blocks; b0 += SDDMM_GROUP_##S)                          \
+            sddmm_rows_##S(w, b0, SDDMM_GROUP_##S);                                               \
+        for (; b0 < w->blocks; b0++) sddmm_rows_##S(w, b0, 1);                                    \
         return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \

@@ -7,12 +7,15 @@
  * All work is O(nnz * tokens) plus O((rows + cols) * tokens) for packing.
  *
  *   pack:   Xb[b, c, j] = X[b*BLOCK + j, c]            (0 past the last token)
- *   unpack: Y[t, r] = Yb[t / BLOCK, r, t % BLOCK]
- *   spmm:   Yb[b, r, :] = bias[r] + sum_{k in row r} vals[k] * Xb[b, cols[k], :]   (Y = X W^T)
- *
- * (Writing Y token-major straight from the spmm accumulators was measured 2x slower than
- * spmm into Yb plus unpack: 64 strided stores per row and block.)
- *   sddmm:  out[k] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j]   for each non-zero k of row r
+ *   spmm:   Y[b*BLOCK + j, r] = bias[r] + sum_{k in row r} vals[k] * Xb[b, cols[k], j]
+ *           (Y = X A^T for the CSR matrix A: W for the forward, W^T for the input gradient).
+ *           The values are a contiguous array in CSR order: every token block re-reads them,
+ *           and reading them from the dense W instead (no gather per call) was measured up to
+ *           2x slower, a cache line of W per non-zero and block. Rows of a block are computed PACK_TILE at a time into an L1 tile that is then
+ *           written token-major (whole cache lines per token): no token-blocked Y in memory.
+ *   sddmm:  G[r, cols[k]] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j] for each non-zero k of
+ *           row r, and 0 elsewhere in row r: the dense weight gradient, written row by row by
+ *           the thread that owns the row (no separate zero fill or scatter pass).
  *
  * Threads come from OpenMP, built with -fopenmp and linked to libgomp.so.1: torch has loaded
  * that library already, so the loader reuses it and these kernels run on torch's own thread
@@ -41,7 +44,7 @@
 #define SDDMM_REGS 8
 #endif
 #define SDDMM_ACCS 4
-#define PACK_TILE (VEC_BYTES / 4) /* features per pack/unpack tile: a vector register of floats */
+#define PACK_TILE (VEC_BYTES / 4) /* features per pack tile and spmm output tile: a vector of floats */
 
 int csx_block_tokens(void) { return BLOCK; }
 
@@ -50,12 +53,12 @@ typedef struct {
     const int32_t *cols;
     const void *vals;
     const void *bias;
-    const void *src;   /* Xb for spmm/sddmm, the source matrix for pack/unpack */
+    const void *src;   /* Xb for spmm/sddmm, the token-major matrix for pack */
     const void *grad;  /* Gb for sddmm */
     void *out;
-    int64_t begin, end; /* this thread's rows (spmm, sddmm) or blocks (pack, unpack) */
+    int64_t begin, end; /* this thread's rows (spmm, sddmm) or blocks (pack) */
     int64_t features;   /* columns of W (spmm, sddmm) or of the token-major matrix (pack) */
-    int64_t blocks, tokens; /* token blocks; real tokens (pack, unpack) */
+    int64_t blocks, tokens; /* token blocks; real tokens */
     int64_t rows;           /* rows of W (spmm, sddmm) */
 } work_t;
 
@@ -121,56 +124,50 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
         return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    static void *unpack_worker_##S(void *arg) {                                                   \
-        const work_t *w = (const work_t *)arg;                                                    \
-        const T *yb = (const T *)w->src;                                                          \
-        T *y = (T *)w->out;                                                                       \
-        const int64_t m = w->features;                                                            \
-        for (int64_t b = w->begin; b < w->end; b++) {                                             \
-            const T *src = yb + b * m * BLOCK;                                                    \
-            const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
-            for (int64_t r0 = 0; r0 < m; r0 += PACK_TILE) {                                       \
-                const int64_t r1 = r0 + PACK_TILE < m ? r0 + PACK_TILE : m;                       \
-                for (int64_t j = 0; j < valid; j++) {                                             \
-                    T *row = y + (b * BLOCK + j) * m;                                             \
-                    for (int64_t r = r0; r < r1; r++) row[r] = src[r * BLOCK + j];                \
-                }                                                                                 \
-            }                                                                                     \
-        }                                                                                         \
-        return 0;                                                                                 \
-    }                                                                                             \
-                                                                                                  \
+    /* Rows of one token block are computed PACK_TILE at a time into an L1-resident tile, which  \
+     * is then written token-major: each token gets PACK_TILE contiguous outputs (whole cache   \
+     * lines), and no token-blocked copy of Y ever reaches memory. */                             \
     static void *spmm_worker_##S(void *arg) {                                                     \
         const work_t *w = (const work_t *)arg;                                                    \
         const T *vals = (const T *)w->vals, *bias = (const T *)w->bias;                           \
-        const int64_t n = w->features;                                                            \
+        const int64_t n = w->features, m = w->rows;                                               \
+        T *y = (T *)w->out;                                                                       \
+        vec_##S tile[PACK_TILE][VECS_##S];                                                        \
         for (int64_t b = 0; b < w->blocks; b++) {                                                 \
             const T *xb = (const T *)w->src + b * n * BLOCK;                                      \
-            T *yb = (T *)w->out + b * w->rows * BLOCK;                                            \
-            for (int64_t r = w->begin; r < w->end; r++) {                                         \
-                vec_##S a[VECS_##S], c[VECS_##S];                                                 \
-                const T init = bias ? bias[r] : (T)0;                                             \
-                for (int q = 0; q < VECS_##S; q++) {                                              \
-                    a[q] = (vec_##S){0} + init;                                                   \
-                    c[q] = (vec_##S){0};                                                          \
-                }                                                                                 \
-                int32_t k = w->indptr[r];                                                         \
-                const int32_t end = w->indptr[r + 1];                                             \
-                for (; k + 1 < end; k += 2) { /* two accumulator sets hide FMA latency */         \
-                    const vec_##S *x0 = (const vec_##S *)(xb + (int64_t)w->cols[k] * BLOCK);      \
-                    const vec_##S *x1 = (const vec_##S *)(xb + (int64_t)w->cols[k + 1] * BLOCK);  \
-                    const T v0 = vals[k], v1 = vals[k + 1];                                       \
+            const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
+            for (int64_t r0 = w->begin; r0 < w->end; r0 += PACK_TILE) {                           \
+                const int64_t r1 = r0 + PACK_TILE < w->end ? r0 + PACK_TILE : w->end;             \
+                for (int64_t r = r0; r < r1; r++) {                                               \
+                    vec_##S a[VECS_##S], c[VECS_##S];                                             \
+                    const T init = bias ? bias[r] : (T)0;                                         \
                     for (int q = 0; q < VECS_##S; q++) {                                          \
-                        a[q] += v0 * x0[q];                                                       \
-                        c[q] += v1 * x1[q];                                                       \
+                        a[q] = (vec_##S){0} + init;                                               \
+                        c[q] = (vec_##S){0};                                                      \
                     }                                                                             \
+                    int32_t k = w->indptr[r];                                                     \
+                    const int32_t end = w->indptr[r + 1];                                         \
+                    for (; k + 1 < end; k += 2) { /* two accumulator sets hide FMA latency */     \
+                        const vec_##S *x0 = (const vec_##S *)(xb + (int64_t)w->cols[k] * BLOCK);  \
+                        const vec_##S *x1 =                                                       \
+                            (const vec_##S *)(xb + (int64_t)w->cols[k + 1] * BLOCK);              \
+                        const T v0 = vals[k], v1 = vals[k + 1];                                   \
+                        for (int q = 0; q < VECS_##S; q++) {                                      \
+                            a[q] += v0 * x0[q];                                                   \
+                            c[q] += v1 * x1[q];                                                   \
+                        }                                                                         \
+                    }                                                                             \
+                    if (k < end) {                                                                \
+                        const vec_##S *x0 = (const vec_##S *)(xb + (int64_t)w->cols[k] * BLOCK);  \
+                        for (int q = 0; q < VECS_##S; q++) a[q] += vals[k] * x0[q];               \
+                    }                                                                             \
+                    for (int q = 0; q < VECS_##S; q++) tile[r - r0][q] = a[q] + c[q];             \
                 }                                                                                 \
-                if (k < end) {                                                                    \
-                    const vec_##S *x0 = (const vec_##S *)(xb + (int64_t)w->cols[k] * BLOCK);      \
-                    for (int q = 0; q < VECS_##S; q++) a[q] += vals[k] * x0[q];                   \
+                const T *flat = (const T *)tile;                                                  \
+                for (int64_t j = 0; j < valid; j++) {                                             \
+                    T *row = y + (b * BLOCK + j) * m + r0;                                        \
+                    for (int64_t r = 0; r < r1 - r0; r++) row[r] = flat[r * BLOCK + j];           \
                 }                                                                                 \
-                vec_##S *y = (vec_##S *)(yb + r * BLOCK);                                         \
-                for (int q = 0; q < VECS_##S; q++) y[q] = a[q] + c[q];                            \
             }                                                                                     \
         }                                                                                         \
         return 0;                                                                                 \
@@ -200,7 +197,7 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
                 for (int a = 1; a < SDDMM_ACCS; a++) acc[0] += acc[a];                            \
                 T sum = 0;                                                                        \
                 for (int l = 0; l < LANES_##S; l++) sum += acc[0][l];                             \
-                out[k] += sum;                                                                    \
+                out[r * n + w->cols[k]] += sum;                                                   \
             }                                                                                     \
         }                                                                                         \
     }                                                                                             \
@@ -208,7 +205,7 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
     static void *sddmm_worker_##S(void *arg) {                                                    \
         const work_t *w = (const work_t *)arg;                                                    \
         T *out = (T *)w->out;                                                                     \
-        for (int32_t k = w->indptr[w->begin]; k < w->indptr[w->end]; k++) out[k] = 0;             \
+        for (int64_t i = w->begin * w->features; i < w->end * w->features; i++) out[i] = 0;       \
         int64_t b0 = 0;                                                                           \
         for (; b0 + SDDMM_GROUP_##S <= w->blocks; b0 += SDDMM_GROUP_##S)                          \
             sddmm_rows_##S(w, b0, SDDMM_GROUP_##S);                                               \
@@ -218,27 +215,27 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
                                                                                                   \
     void csx_pack_##S(const T *x, int64_t tokens, int64_t features, T *xb, int threads) {         \
         const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
-        work_t proto = {0, 0, 0, 0, x, 0, xb, 0, 0, features, blocks, tokens, 0};                    \
+        const work_t proto = {.src = x, .out = xb, .features = features, .blocks = blocks,       \
+                              .tokens = tokens};                                                  \
         run_threads(pack_worker_##S, &proto, 0, blocks, threads);                                 \
     }                                                                                             \
                                                                                                   \
-    void csx_unpack_##S(const T *yb, int64_t tokens, int64_t features, T *y, int threads) {       \
-        const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
-        work_t proto = {0, 0, 0, 0, yb, 0, y, 0, 0, features, blocks, tokens, 0};                 \
-        run_threads(unpack_worker_##S, &proto, 0, blocks, threads);                               \
-    }                                                                                             \
-                                                                                                  \
     void csx_spmm_##S(const int32_t *indptr, const int32_t *cols, const T *vals, const T *bias,   \
-                      int64_t rows, int64_t features, const T *xb, int64_t blocks, T *yb,         \
+                      int64_t rows, int64_t features, const T *xb, int64_t tokens, T *y,          \
                       int threads) {                                                              \
-        work_t proto = {indptr, cols, vals, bias, xb, 0, yb, 0, 0, features, blocks, 0, rows};       \
+        const work_t proto = {.indptr = indptr, .cols = cols, .vals = vals, .bias = bias,         \
+                              .src = xb, .out = y, .features = features,                          \
+                              .blocks = (tokens + BLOCK - 1) / BLOCK, .tokens = tokens,           \
+                              .rows = rows};                                                      \
         run_threads(spmm_worker_##S, &proto, indptr, rows, threads);                              \
     }                                                                                             \
                                                                                                   \
     void csx_sddmm_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,                  \
-                       int64_t features, const T *gb, const T *xb, int64_t blocks, T *out,        \
+                       int64_t features, const T *gb, const T *xb, int64_t blocks, T *grad,       \
                        int threads) {                                                             \
-        work_t proto = {indptr, cols, 0, 0, xb, gb, out, 0, 0, features, blocks, 0, rows};           \
+        const work_t proto = {.indptr = indptr, .cols = cols, .src = xb, .grad = gb,              \
+                              .out = grad, .features = features, .blocks = blocks,                \
+                              .rows = rows};                                                      \
         run_threads(sddmm_worker_##S, &proto, indptr, rows, threads);                             \
     }
 

@@ -34,9 +34,10 @@ BACKENDS = ("auto", "native", "torch")
 class CSRStructure:
     """CSR pattern of a boolean mask of shape (out_features, in_features), and of its transpose.
 
-    Index arrays are int32 (torch CSR and the C kernels both accept them); ``flat_index`` and
-    ``flat_index_t`` are the positions in ``weight.view(-1)`` of the non-zeros in CSR order of W
-    and of Wᵀ, so values are a gather from the dense parameter.
+    Index arrays are int32 (torch CSR and the C kernels both accept them); ``flat_index`` are
+    the positions in ``weight.view(-1)`` of the non-zeros in CSR order of W, so its values are
+    one gather from the dense parameter per call, and ``transpose_order`` the positions in that
+    gathered array of the non-zeros in CSR order of Wᵀ (a gather from L2-sized data).
     """
 
     shape: tuple[int, int]
@@ -45,7 +46,7 @@ class CSRStructure:
     flat_index: torch.Tensor
     indptr_t: torch.Tensor
     cols_t: torch.Tensor
-    flat_index_t: torch.Tensor
+    transpose_order: torch.Tensor
     build_ms: float
 
     @classmethod
@@ -58,15 +59,16 @@ class CSRStructure:
         start = time.perf_counter()
         out_features, in_features = mask.shape
         rows, cols = mask.nonzero(as_tuple=True)             # row-major order = CSR order
+        flat_index = rows * in_features + cols                # sorted: row-major
         cols_t_major, rows_t = mask.t().nonzero(as_tuple=True)  # column-major order = CSR of Wᵀ
         structure = cls(
             shape=(out_features, in_features),
             indptr=_indptr(rows, out_features),
             cols=cols.to(torch.int32),
-            flat_index=rows * in_features + cols,
+            flat_index=flat_index,
             indptr_t=_indptr(cols_t_major, in_features),
             cols_t=rows_t.to(torch.int32),
-            flat_index_t=rows_t * in_features + cols_t_major,
+            transpose_order=torch.searchsorted(flat_index, rows_t * in_features + cols_t_major),
             build_ms=0.0,
         )
         object.__setattr__(structure, "build_ms", (time.perf_counter() - start) * 1e3)
@@ -119,69 +121,82 @@ class CSRLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, structure: CSRStructure, dense_grad: bool, backend: str):
         backend, kernels = resolve_backend(backend, x)
-        in_features = structure.shape[1]
-        flat_weight = weight.detach().reshape(-1)
-        vals = flat_weight.index_select(0, structure.flat_index)
         ctx.structure, ctx.dense_grad, ctx.backend, ctx.kernels = (
             structure, dense_grad, backend, kernels)
-        ctx.tokens = x.shape[0]
         ctx.has_bias = bias is not None
-        keep_x = dense_grad or backend == "torch"
+        vals = weight.detach().reshape(-1).index_select(0, structure.flat_index)
+        bias = None if bias is None else bias.detach()
         if backend == "native":
-            packed_x = kernels.pack(x.contiguous())
-            detached_bias = None if bias is None else bias.detach().contiguous()
-            y = kernels.spmm(structure.indptr, structure.cols, vals, detached_bias,
-                             in_features, packed_x, x.shape[0])
-            ctx.save_for_backward(weight, x if keep_x else None, packed_x)
-        else:
-            w_csr = _csr_tensor(structure.indptr, structure.cols, vals, structure.shape)
-            y = torch.sparse.mm(w_csr, x.t()).t()
-            if bias is not None:
-                y = y + bias.detach()
-            y = y.contiguous()
-            ctx.save_for_backward(weight, x, None)
-        return y
+            y, packed_x = native_forward(kernels, structure, vals, bias, x)
+            ctx.save_for_backward(vals, x if dense_grad else None, packed_x)
+            return y
+        w_csr = _csr_tensor(structure.indptr, structure.cols, vals, structure.shape)
+        y = torch.sparse.mm(w_csr, x.t()).t()
+        if bias is not None:
+            y = y + bias
+        ctx.save_for_backward(vals, x, None)
+        return y.contiguous()
 
     @staticmethod
     def backward(ctx, grad_y):
-        weight, x, packed_x = ctx.saved_tensors
+        vals, x, packed_x = ctx.saved_tensors
         structure: CSRStructure = ctx.structure
-        out_features, in_features = structure.shape
         grad_y = grad_y.contiguous()
-        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        sampled_w = need_w and not ctx.dense_grad
         grad_x = grad_w = grad_b = None
-        packed_grad = None
-        if ctx.backend == "native" and (need_x or (need_w and not ctx.dense_grad)):
-            packed_grad = ctx.kernels.pack(grad_y)
-        if need_x:
-            vals_t = weight.detach().reshape(-1).index_select(0, structure.flat_index_t)
-            if ctx.backend == "native":
-                grad_x = ctx.kernels.spmm(structure.indptr_t, structure.cols_t, vals_t, None,
-                                          out_features, packed_grad, ctx.tokens)
-            else:
+        if ctx.backend == "native":
+            packed_grad = ctx.kernels.pack(grad_y) if need_x or sampled_w else None
+            if need_x:
+                grad_x = native_input_grad(ctx.kernels, structure, vals, packed_grad,
+                                           grad_y.shape[0])
+            if sampled_w:
+                grad_w = native_weight_grad(ctx.kernels, structure, packed_grad, packed_x)
+        else:
+            if need_x:
+                vals_t = vals.index_select(0, structure.transpose_order)
                 wt_csr = _csr_tensor(structure.indptr_t, structure.cols_t, vals_t,
-                                     (in_features, out_features))
+                                     structure.shape[::-1])
                 grad_x = torch.sparse.mm(wt_csr, grad_y.t()).t()
-        if need_w:
-            if ctx.dense_grad:
-                grad_w = grad_y.t().mm(x)
-            else:
-                if ctx.backend == "native":
-                    values = ctx.kernels.sddmm(structure.indptr, structure.cols, in_features,
-                                               packed_grad, packed_x)
-                else:
-                    pattern = _csr_tensor(structure.indptr, structure.cols,
-                                          torch.zeros(structure.nnz, dtype=x.dtype,
-                                                      device=x.device), structure.shape)
-                    values = torch.sparse.sampled_addmm(pattern, grad_y.t(), x,
-                                                        beta=0.0).values()
-                grad_w = torch.zeros(out_features * in_features, dtype=values.dtype,
-                                     device=values.device)
-                grad_w.index_copy_(0, structure.flat_index, values)
-                grad_w = grad_w.view(out_features, in_features)
-        if need_b and ctx.needs_input_grad[2]:
+            if sampled_w:
+                pattern = _csr_tensor(structure.indptr, structure.cols,
+                                      torch.zeros(structure.nnz, dtype=x.dtype, device=x.device),
+                                      structure.shape)
+                values = torch.sparse.sampled_addmm(pattern, grad_y.t(), x, beta=0.0).values()
+                grad_w = torch.zeros(structure.shape[0] * structure.shape[1],
+                                     dtype=values.dtype, device=values.device)
+                grad_w = grad_w.index_copy_(0, structure.flat_index, values).view(structure.shape)
+        if need_w and ctx.dense_grad:
+            grad_w = grad_y.t().mm(x)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_y.sum(0)
         return grad_x, grad_w, grad_b, None, None, None
+
+
+def native_forward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
+                   bias: torch.Tensor | None, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Y = X (W ⊙ mask)ᵀ + b by the C kernels, for the non-zero values `vals` of W in CSR
+    order; also returns X packed (the weight gradient reuses it)."""
+    packed_x = kernels.pack(x.contiguous())
+    y = kernels.spmm(structure.indptr, structure.cols, vals,
+                     None if bias is None else bias.contiguous(), structure.shape[1], packed_x,
+                     x.shape[0])
+    return y, packed_x
+
+
+def native_input_grad(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
+                      packed_grad: torch.Tensor, tokens: int) -> torch.Tensor:
+    """dX = dY (W ⊙ mask), by the CSR of Wᵀ over dY packed by ``kernels.pack``."""
+    vals_t = vals.index_select(0, structure.transpose_order)
+    return kernels.spmm(structure.indptr_t, structure.cols_t, vals_t, None, structure.shape[0],
+                        packed_grad, tokens)
+
+
+def native_weight_grad(kernels: KernelLibrary, structure: CSRStructure,
+                       packed_grad: torch.Tensor, packed_x: torch.Tensor) -> torch.Tensor:
+    """dW = dYᵀ X at the mask's non-zeros, 0 elsewhere (a sampled dense-dense product)."""
+    return kernels.sddmm(structure.indptr, structure.cols, structure.shape[1], packed_grad,
+                         packed_x)
 
 
 def csr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -213,17 +228,12 @@ def native_kernel_calls(kernels: KernelLibrary, structure: CSRStructure, weight:
     Packing an activation counts towards the kernel that first needs it (forward: X,
     input_grad: dY); the weight gradient reuses both packs, as the autograd function does.
     """
-    in_features = structure.shape[1]
-    out_features = structure.shape[0]
     vals = weight.reshape(-1).index_select(0, structure.flat_index)
-    vals_t = weight.reshape(-1).index_select(0, structure.flat_index_t)
     packed_x, packed_grad = kernels.pack(x), kernels.pack(grad_y)
-    tokens = x.shape[0]
     return {
-        "forward": lambda: kernels.spmm(structure.indptr, structure.cols, vals, None,
-                                        in_features, kernels.pack(x), tokens),
-        "input_grad": lambda: kernels.spmm(structure.indptr_t, structure.cols_t, vals_t, None,
-                                           out_features, kernels.pack(grad_y), tokens),
-        "weight_grad": lambda: kernels.sddmm(structure.indptr, structure.cols, in_features,
-                                             packed_grad, packed_x),
+        "forward": lambda: native_forward(
+            kernels, structure, weight.reshape(-1).index_select(0, structure.flat_index), None, x),
+        "input_grad": lambda: native_input_grad(kernels, structure, vals, kernels.pack(grad_y),
+                                                grad_y.shape[0]),
+        "weight_grad": lambda: native_weight_grad(kernels, structure, packed_grad, packed_x),
     }

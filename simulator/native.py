@@ -79,7 +79,6 @@ class KernelLibrary:
         ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         for suffix in SUFFIX_BY_DTYPE.values():
             getattr(self._lib, f"csx_pack_{suffix}").argtypes = [ptr, i64, i64, ptr, i32]
-            getattr(self._lib, f"csx_unpack_{suffix}").argtypes = [ptr, i64, i64, ptr, i32]
             getattr(self._lib, f"csx_spmm_{suffix}").argtypes = [
                 ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32]
             getattr(self._lib, f"csx_sddmm_{suffix}").argtypes = [
@@ -111,23 +110,20 @@ class KernelLibrary:
         """Y = X Aᵀ (+ bias), token-major [tokens, rows], for the CSR matrix A = (indptr, cols,
         vals) and X packed by :meth:`pack` from `tokens` tokens."""
         rows = indptr.numel() - 1
-        blocks = packed_x.shape[0]
-        packed_y = torch.empty(blocks, rows, self.block_tokens, dtype=packed_x.dtype)
+        out = torch.empty(tokens, rows, dtype=packed_x.dtype)
         self._fn("spmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), vals.data_ptr(),
             None if bias is None else bias.data_ptr(), rows, in_features,
-            packed_x.data_ptr(), blocks, packed_y.data_ptr(),
-            self.threads_for(cols.numel() * blocks * self.block_tokens))
-        out = torch.empty(tokens, rows, dtype=packed_x.dtype)
-        self._fn("unpack", packed_x.dtype)(packed_y.data_ptr(), tokens, rows, out.data_ptr(),
-                                           self.threads_for(out.numel()))
+            packed_x.data_ptr(), tokens, out.data_ptr(),
+            self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
         return out
 
     def sddmm(self, indptr: torch.Tensor, cols: torch.Tensor, in_features: int,
               packed_grad: torch.Tensor, packed_x: torch.Tensor) -> torch.Tensor:
-        """Values of Gᵀ X at the non-zeros of (indptr, cols), in CSR order."""
+        """Gᵀ X at the non-zeros of the CSR pattern (indptr, cols), 0 elsewhere: a dense
+        [rows, in_features] tensor, for G and X packed by :meth:`pack`."""
         rows = indptr.numel() - 1
-        out = torch.empty(cols.numel(), dtype=packed_x.dtype)
+        out = torch.empty(rows, in_features, dtype=packed_x.dtype)
         self._fn("sddmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), rows, in_features, packed_grad.data_ptr(),
             packed_x.data_ptr(), packed_x.shape[0], out.data_ptr(),

@@ -11,8 +11,9 @@
  *           (Y = X A^T for the CSR matrix A: W for the forward, W^T for the input gradient).
  *           The values are a contiguous array in CSR order: every token block re-reads them,
  *           and reading them from the dense W instead (no gather per call) was measured up to
- *           2x slower, a cache line of W per non-zero and block. Rows of a block are computed PACK_TILE at a time into an L1 tile that is then
- *           written token-major (whole cache lines per token): no token-blocked Y in memory.
+ *           2x slower, a cache line of W per non-zero and block. Rows of a block are computed
+ *           one vector's width (LANES) at a time into an L1 tile, transposed in registers and
+ *           written token-major (a whole cache line per token): no token-blocked Y in memory.
  *   sddmm:  G[r, cols[k]] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j] for each non-zero k of
  *           row r, and 0 elsewhere in row r: the dense weight gradient, written row by row by
  *           the thread that owns the row (no separate zero fill or scatter pass).
@@ -44,7 +45,6 @@
 #define SDDMM_REGS 8
 #endif
 #define SDDMM_ACCS 4
-#define PACK_TILE (VEC_BYTES / 4) /* features per pack tile and spmm output tile: a vector of floats */
 
 int csx_block_tokens(void) { return BLOCK; }
 
@@ -96,12 +96,32 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
     for (int i = 0; i < threads; i++) fn(&work[i]);
 }
 
-#define DEFINE_KERNELS(T, S)                                                                      \
+#define DEFINE_KERNELS(T, S, I)                                                                   \
     typedef T vec_##S __attribute__((vector_size(VEC_BYTES), aligned(sizeof(T))));                \
+    typedef I ivec_##S __attribute__((vector_size(VEC_BYTES)));                                   \
     enum { LANES_##S = VEC_BYTES / sizeof(T), VECS_##S = BLOCK / LANES_##S,                       \
            /* blocks whose gradient fits in SDDMM_REGS registers (at least one) */                \
            SDDMM_GROUP_##S = SDDMM_REGS / VECS_##S > 0 ? SDDMM_REGS / VECS_##S : 1,               \
            SDDMM_VECS_##S = SDDMM_GROUP_##S * VECS_##S };                                         \
+                                                                                                  \
+    /* In-register transpose of a LANES x LANES tile held as LANES vectors: log2(LANES) stages  \
+     * of two-source shuffles, each swapping the off-diagonal h x h blocks of every 2h x 2h     \
+     * block (about 1/4 shuffle per element against about 1 scalar move). */                     \
+    static inline __attribute__((always_inline)) void transpose_##S(vec_##S *v) {                 \
+        for (int h = LANES_##S / 2; h >= 1; h /= 2) {                                             \
+            ivec_##S lo, hi;                                                                      \
+            for (int k = 0; k < LANES_##S; k++) {                                                 \
+                lo[k] = (k & h) ? LANES_##S + k - h : k;                                          \
+                hi[k] = (k & h) ? LANES_##S + k : k + h;                                          \
+            }                                                                                     \
+            for (int i = 0; i < LANES_##S; i++) {                                                 \
+                if (i & h) continue;                                                              \
+                const vec_##S a = v[i], b = v[i + h];                                             \
+                v[i] = __builtin_shuffle(a, b, lo);                                               \
+                v[i + h] = __builtin_shuffle(a, b, hi);                                           \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
                                                                                                   \
     static void *pack_worker_##S(void *arg) {                                                     \
         const work_t *w = (const work_t *)arg;                                                    \
@@ -110,34 +130,43 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
         const int64_t n = w->features;                                                            \
         for (int64_t b = w->begin; b < w->end; b++) {                                             \
             T *dst = xb + b * n * BLOCK;                                                          \
+            const T *src = x + b * BLOCK * n;                                                     \
             const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
-            for (int64_t c0 = 0; c0 < n; c0 += PACK_TILE) {                                       \
-                const int64_t c1 = c0 + PACK_TILE < n ? c0 + PACK_TILE : n;                       \
-                for (int64_t j = 0; j < valid; j++) {                                             \
-                    const T *row = x + (b * BLOCK + j) * n;                                       \
-                    for (int64_t c = c0; c < c1; c++) dst[c * BLOCK + j] = row[c];                \
+            for (int64_t c0 = 0; c0 < n; c0 += LANES_##S) {                                       \
+                const int64_t c1 = c0 + LANES_##S < n ? c0 + LANES_##S : n;                       \
+                for (int64_t j0 = 0; j0 < BLOCK; j0 += LANES_##S) {                               \
+                    if (c1 - c0 == LANES_##S && j0 + LANES_##S <= valid) {                        \
+                        vec_##S v[LANES_##S];                                                     \
+                        for (int j = 0; j < LANES_##S; j++)                                       \
+                            v[j] = *(const vec_##S *)(src + (j0 + j) * n + c0);                   \
+                        transpose_##S(v);                                                         \
+                        for (int c = 0; c < LANES_##S; c++)                                       \
+                            *(vec_##S *)(dst + (c0 + c) * BLOCK + j0) = v[c];                     \
+                        continue;                                                                 \
+                    }                                                                             \
+                    for (int64_t j = j0; j < j0 + LANES_##S; j++)                                 \
+                        for (int64_t c = c0; c < c1; c++)                                         \
+                            dst[c * BLOCK + j] = j < valid ? src[j * n + c] : (T)0;               \
                 }                                                                                 \
-                for (int64_t j = valid; j < BLOCK; j++)                                           \
-                    for (int64_t c = c0; c < c1; c++) dst[c * BLOCK + j] = 0;                     \
             }                                                                                     \
         }                                                                                         \
         return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    /* Rows of one token block are computed PACK_TILE at a time into an L1-resident tile, which  \
-     * is then written token-major: each token gets PACK_TILE contiguous outputs (whole cache   \
-     * lines), and no token-blocked copy of Y ever reaches memory. */                             \
+    /* Rows of one token block are computed LANES at a time into an L1-resident tile, which is  \
+     * then transposed in registers and written token-major: each token gets LANES contiguous   \
+     * outputs (a whole cache line), and no token-blocked copy of Y ever reaches memory. */       \
     static void *spmm_worker_##S(void *arg) {                                                     \
         const work_t *w = (const work_t *)arg;                                                    \
         const T *vals = (const T *)w->vals, *bias = (const T *)w->bias;                           \
         const int64_t n = w->features, m = w->rows;                                               \
         T *y = (T *)w->out;                                                                       \
-        vec_##S tile[PACK_TILE][VECS_##S];                                                        \
+        vec_##S tile[LANES_##S][VECS_##S];                                                        \
         for (int64_t b = 0; b < w->blocks; b++) {                                                 \
             const T *xb = (const T *)w->src + b * n * BLOCK;                                      \
             const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
-            for (int64_t r0 = w->begin; r0 < w->end; r0 += PACK_TILE) {                           \
-                const int64_t r1 = r0 + PACK_TILE < w->end ? r0 + PACK_TILE : w->end;             \
+            for (int64_t r0 = w->begin; r0 < w->end; r0 += LANES_##S) {                          \
+                const int64_t r1 = r0 + LANES_##S < w->end ? r0 + LANES_##S : w->end;             \
                 for (int64_t r = r0; r < r1; r++) {                                               \
                     vec_##S a[VECS_##S], c[VECS_##S];                                             \
                     const T init = bias ? bias[r] : (T)0;                                         \
@@ -163,11 +192,20 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
                     }                                                                             \
                     for (int q = 0; q < VECS_##S; q++) tile[r - r0][q] = a[q] + c[q];             \
                 }                                                                                 \
-                const T *flat = (const T *)tile;                                                  \
-                for (int64_t j = 0; j < valid; j++) {                                             \
-                    T *row = y + (b * BLOCK + j) * m + r0;                                        \
-                    for (int64_t r = 0; r < r1 - r0; r++) row[r] = flat[r * BLOCK + j];           \
+                if (r1 - r0 == LANES_##S) {                                                       \
+                    for (int q = 0; q < VECS_##S; q++) {                                          \
+                        vec_##S v[LANES_##S];                                                     \
+                        for (int r = 0; r < LANES_##S; r++) v[r] = tile[r][q];                    \
+                        transpose_##S(v);                                                         \
+                        for (int j = 0; j < LANES_##S && q * LANES_##S + j < valid; j++)          \
+                            *(vec_##S *)(y + (b * BLOCK + q * LANES_##S + j) * m + r0) = v[j];    \
+                    }                                                                             \
+                    continue;                                                                     \
                 }                                                                                 \
+                const T *flat = (const T *)tile;                                                  \
+                for (int64_t j = 0; j < valid; j++)                                               \
+                    for (int64_t r = 0; r < r1 - r0; r++)                                         \
+                        y[(b * BLOCK + j) * m + r0 + r] = flat[r * BLOCK + j];                    \
             }                                                                                     \
         }                                                                                         \
         return 0;                                                                                 \
@@ -239,5 +277,5 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
         run_threads(sddmm_worker_##S, &proto, indptr, rows, threads);                             \
     }
 
-DEFINE_KERNELS(float, f32)
-DEFINE_KERNELS(double, f64)
+DEFINE_KERNELS(float, f32, int32_t)
+DEFINE_KERNELS(double, f64, int64_t)

@@ -6,12 +6,19 @@ Measured on this machine, per weight shape, token count, sparsity and thread cou
   forward      Y = X Wᵀ through the CSR kernels (activation packing included)
   input grad   dX = dY W through the CSR of Wᵀ (packing of dY included)
   weight grad  dW at the non-zeros only (sampled dense-dense product)
-Useful FLOPs are 2 · tokens · nnz per kernel. The memory traffic each kernel needs at the least
-(activations in and out once, the CSR pattern and values once) over the measured DRAM bandwidth
-gives the memory bound; a kernel's bound is the larger of the two times, and "of bound" is that
-bound over the measured time (1.0 = at the roofline). Times are the fastest of --reps runs, all
-functions of a case interleaved: on a machine shared with other work the fastest run is the one
-least disturbed, and the dense GEMM and the kernels are disturbed alike.
+Useful FLOPs are 2 · tokens · nnz per kernel. Bounds, as times:
+  compute  useful FLOPs at the dense GEMM's rate
+  memory   the least traffic the kernel needs (activations in and out once, the CSR pattern and
+           values once) at the measured DRAM copy bandwidth
+  L2       every non-zero streaming its tokens' activations (tokens · 4 bytes) at the measured
+           L2 read bandwidth (per core, times the threads): the ceiling of a kernel that loads
+           one activation vector per vector FMA, as a sparse row times a dense tile does when
+           the tile lives in L2 (0.5 FLOP per byte)
+"of bound" is the largest of the three over the measured time (1.0 = at the roofline).
+Times are the fastest of --reps runs, all functions of a case interleaved so that load from
+other processes hits them alike; with one thread they are the calling thread's CPU time
+(everything runs on it), which a machine shared with other work disturbs far less than wall
+time; with more threads, wall time.
 Writes bench/results/roofline.json.
 
     python bench/roofline.py [--quick] [--threads 1,2]
@@ -38,7 +45,13 @@ TOKENS = [512, 2048]
 SPARSITIES = [0.9, 0.97]
 KERNELS = ("forward", "input_grad", "weight_grad")
 BYTES = 4  # float32
+L2_PROBE_BYTES = 512 * 1024  # past any L1, within any L2 of a machine with AVX2
 RESULTS = Path(__file__).resolve().parent / "results" / "roofline.json"
+
+
+def clock() -> float:
+    """CPU time of this thread when torch runs on it alone, else wall time (seconds)."""
+    return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
 
 
 def fastest_ms(fns: dict, reps: int) -> dict[str, float]:
@@ -48,9 +61,9 @@ def fastest_ms(fns: dict, reps: int) -> dict[str, float]:
     samples = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            samples[name].append((time.perf_counter() - start) * 1e3)
+            samples[name].append((clock() - start) * 1e3)
     return {name: min(v) for name, v in samples.items()}
 
 
@@ -73,7 +86,7 @@ def traffic_bytes(kernel: str, out_f: int, in_f: int, tokens: int, nnz: int) -> 
     return (tokens * out_f + tokens * in_f + nnz) * BYTES + pattern  # read dY, X; write dW[nnz]
 
 
-def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, kernels) -> list[dict]:
+def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s, kernels) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(out_f, in_f, generator=gen)
     x = torch.randn(tokens, in_f, generator=gen)
@@ -96,7 +109,10 @@ def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, kernels) -> list[
             traffic = traffic_bytes(kernel, out_f, in_f, tokens, nnz)
             compute_ms = flops / dense_gflops[kernel] / 1e6
             memory_ms = traffic / bandwidth / 1e6
-            bound_ms = max(compute_ms, memory_ms)
+            l2_ms = nnz * tokens * BYTES / (l2_gb_s * threads) / 1e6
+            bounds = {"compute": compute_ms, "memory": memory_ms, "l2": l2_ms}
+            bound = max(bounds, key=bounds.get)
+            bound_ms = bounds[bound]
             rows.append({
                 "shape": [out_f, in_f], "tokens": tokens, "threads": threads,
                 "sparsity": sparsity, "nnz": nnz, "kernel": kernel,
@@ -104,8 +120,8 @@ def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, kernels) -> list[
                 "csr_ms": times[kernel], "csr_gflops": gflops,
                 "fraction_of_dense_rate": gflops / dense_gflops[kernel],
                 "traffic_mb": traffic / 1e6, "compute_bound_ms": compute_ms,
-                "memory_bound_ms": memory_ms, "bound_ms": bound_ms,
-                "bound": "compute" if compute_ms >= memory_ms else "memory",
+                "memory_bound_ms": memory_ms, "l2_bound_ms": l2_ms, "bound_ms": bound_ms,
+                "bound": bound,
                 "fraction_of_bound": bound_ms / times[kernel], "speedup_vs_dense_gemm": dense[kernel] / times[kernel]})
     return rows
 
@@ -113,13 +129,13 @@ def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, kernels) -> list[
 def print_rows(rows: list[dict]) -> None:
     print(f"{'t':>2} {'shape':>10} {'tok':>5} {'sp':>5} {'kernel':>11} {'dense GF/s':>10} "
           f"{'csr GF/s':>9} {'of dense':>8} {'MB':>6} {'bound ms':>9} {'csr ms':>8} "
-          f"{'of bound':>8} {'x dense':>7}")
+          f"{'bound':>7} {'of bound':>8} {'x dense':>7}")
     for r in rows:
         print(f"{r['threads']:>2} {r['shape'][0]:>5}x{r['shape'][1]:<4} {r['tokens']:>5} "
               f"{r['sparsity']:>5.2f} {r['kernel']:>11} {r['dense_gemm_gflops']:>10.1f} "
               f"{r['csr_gflops']:>9.1f} {r['fraction_of_dense_rate']:>8.2f} "
               f"{r['traffic_mb']:>6.1f} {r['bound_ms']:>9.3f} {r['csr_ms']:>8.3f} "
-              f"{r['fraction_of_bound']:>8.2f} "
+              f"{r['bound']:>7} {r['fraction_of_bound']:>8.2f} "
               f"{r['speedup_vs_dense_gemm']:>7.2f}", flush=True)
 
 
@@ -148,15 +164,18 @@ def main() -> None:
         raise SystemExit("the native CSR kernels did not build; nothing to put on a roofline")
     reps = args.reps or (3 if args.quick else 9)
     tokens_list = [512] if args.quick else TOKENS
+    l2_gb_s = kernels.read_gb_s(L2_PROBE_BYTES)
     rows, bandwidth_by_threads = [], {}
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         bandwidth = dram_gb_s(reps)
         bandwidth_by_threads[threads] = bandwidth
-        print(f"{threads} thread(s): DRAM copy {bandwidth:.1f} GB/s", flush=True)
+        print(f"{threads} thread(s): DRAM copy {bandwidth:.1f} GB/s, L2 read {l2_gb_s:.1f} GB/s "
+              "per core", flush=True)
         for out_f, in_f in SHAPES:
             for tokens in tokens_list:
-                shape_rows = bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, kernels)
+                shape_rows = bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s,
+                                         kernels)
                 print_rows(shape_rows)
                 rows.extend(shape_rows)
     result = summary(rows)
@@ -167,6 +186,7 @@ def main() -> None:
         "machine": {"processor": platform.processor() or platform.machine(),
                     "torch": torch.__version__, "kernels": str(kernels.path.name)},
         "quick": args.quick, "reps": reps, "dram_copy_gb_s": bandwidth_by_threads,
+        "l2_read_gb_s_per_core": l2_gb_s,
         **result, "rows": rows}, indent=2))
     print(f"wrote {args.out}")
 

@@ -124,7 +124,7 @@ class CSRLinearFunction(torch.autograd.Function):
         ctx.structure, ctx.dense_grad, ctx.backend, ctx.kernels = (
             structure, dense_grad, backend, kernels)
         ctx.has_bias = bias is not None
-        vals = weight.detach().reshape(-1).index_select(0, structure.flat_index)
+        vals = weight_values(kernels, structure, weight.detach())
         bias = None if bias is None else bias.detach()
         if backend == "native":
             y, packed_x = native_forward(kernels, structure, vals, bias, x)
@@ -146,7 +146,8 @@ class CSRLinearFunction(torch.autograd.Function):
         sampled_w = need_w and not ctx.dense_grad
         grad_x = grad_w = grad_b = None
         if ctx.backend == "native":
-            packed_grad = ctx.kernels.pack(grad_y) if need_x or sampled_w else None
+            packed_grad = (ctx.kernels.pack(grad_y, scratch=True) if need_x or sampled_w
+                           else None)
             if need_x:
                 grad_x = native_input_grad(ctx.kernels, structure, vals, packed_grad,
                                            grad_y.shape[0])
@@ -173,6 +174,14 @@ class CSRLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None
 
 
+def weight_values(kernels: KernelLibrary | None, structure: CSRStructure,
+                  weight: torch.Tensor) -> torch.Tensor:
+    """The non-zero values of W in CSR order (by the C gather where the kernels run)."""
+    if kernels is None:
+        return weight.reshape(-1).index_select(0, structure.flat_index)
+    return kernels.gather(weight.contiguous(), structure.flat_index)
+
+
 def native_forward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
                    bias: torch.Tensor | None, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Y = X (W ⊙ mask)ᵀ + b by the C kernels, for the non-zero values `vals` of W in CSR
@@ -187,7 +196,7 @@ def native_forward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.
 def native_input_grad(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
                       packed_grad: torch.Tensor, tokens: int) -> torch.Tensor:
     """dX = dY (W ⊙ mask), by the CSR of Wᵀ over dY packed by ``kernels.pack``."""
-    vals_t = vals.index_select(0, structure.transpose_order)
+    vals_t = kernels.gather(vals, structure.transpose_order)
     return kernels.spmm(structure.indptr_t, structure.cols_t, vals_t, None, structure.shape[0],
                         packed_grad, tokens)
 
@@ -228,12 +237,12 @@ def native_kernel_calls(kernels: KernelLibrary, structure: CSRStructure, weight:
     Packing an activation counts towards the kernel that first needs it (forward: X,
     input_grad: dY); the weight gradient reuses both packs, as the autograd function does.
     """
-    vals = weight.reshape(-1).index_select(0, structure.flat_index)
+    vals = weight_values(kernels, structure, weight)
     packed_x, packed_grad = kernels.pack(x), kernels.pack(grad_y)
     return {
         "forward": lambda: native_forward(
-            kernels, structure, weight.reshape(-1).index_select(0, structure.flat_index), None, x),
-        "input_grad": lambda: native_input_grad(kernels, structure, vals, kernels.pack(grad_y),
-                                                grad_y.shape[0]),
+            kernels, structure, weight_values(kernels, structure, weight), None, x),
+        "input_grad": lambda: native_input_grad(
+            kernels, structure, vals, kernels.pack(grad_y, scratch=True), grad_y.shape[0]),
         "weight_grad": lambda: native_weight_grad(kernels, structure, packed_grad, packed_x),
     }

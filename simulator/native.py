@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -37,6 +38,8 @@ COMPILE_TIMEOUT_S = 120
 # Handing work to another thread costs microseconds, about this many multiply-adds: smaller
 # calls run on the calling thread alone.
 WORK_PER_EXTRA_THREAD = 1 << 18
+# Scratch pack buffers kept per thread (distinct shapes: about one per layer shape).
+SCRATCH_BUFFERS = 8
 SUFFIX_BY_DTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
 _build_lock = threading.Lock()
@@ -74,11 +77,15 @@ class KernelLibrary:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._scratch = threading.local()
         self._lib = ctypes.CDLL(str(path))
         self.block_tokens: int = self._lib.csx_block_tokens()
         ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self._lib.csx_read_bandwidth_probe.argtypes = [ptr, i64, i64]
+        self._lib.csx_read_bandwidth_probe.restype = ctypes.c_float
         for suffix in SUFFIX_BY_DTYPE.values():
             getattr(self._lib, f"csx_pack_{suffix}").argtypes = [ptr, i64, i64, ptr, i32]
+            getattr(self._lib, f"csx_gather_{suffix}").argtypes = [ptr, ptr, i64, ptr]
             getattr(self._lib, f"csx_spmm_{suffix}").argtypes = [
                 ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32]
             getattr(self._lib, f"csx_sddmm_{suffix}").argtypes = [
@@ -95,11 +102,32 @@ class KernelLibrary:
     def _fn(self, name: str, dtype: torch.dtype):
         return getattr(self._lib, f"csx_{name}_{SUFFIX_BY_DTYPE[dtype]}")
 
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded."""
+    def gather(self, source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """source.view(-1)[index] for a contiguous source and an int64 index."""
+        out = torch.empty(index.numel(), dtype=source.dtype)
+        self._fn("gather", source.dtype)(source.data_ptr(), index.data_ptr(), index.numel(),
+                                         out.data_ptr())
+        return out
+
+    def pack(self, x: torch.Tensor, scratch: bool = False) -> torch.Tensor:
+        """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded.
+
+        scratch=True packs into this thread's reusable buffer of that shape, valid until its
+        next scratch pack of the same shape: for a pack used only within one call (the
+        upstream gradient in backward). Fresh pages cost more than the pack itself on some
+        machines (first-touch faults, measured 2x at 8 MiB on a 2-core VM)."""
         tokens, features = x.shape
         blocks = -(-tokens // self.block_tokens)
-        packed = torch.empty(blocks, features, self.block_tokens, dtype=x.dtype)
+        shape = (blocks, features, self.block_tokens)
+        if scratch:
+            buffers = self._scratch.__dict__.setdefault("buffers", {})
+            packed = buffers.get((shape, x.dtype))
+            if packed is None:
+                if len(buffers) >= SCRATCH_BUFFERS:
+                    buffers.pop(next(iter(buffers)))  # oldest shape first
+                packed = buffers[(shape, x.dtype)] = torch.empty(shape, dtype=x.dtype)
+        else:
+            packed = torch.empty(shape, dtype=x.dtype)
         self._fn("pack", x.dtype)(x.data_ptr(), tokens, features, packed.data_ptr(),
                                   self.threads_for(x.numel()))
         return packed
@@ -117,6 +145,17 @@ class KernelLibrary:
             packed_x.data_ptr(), tokens, out.data_ptr(),
             self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
         return out
+
+    def read_gb_s(self, nbytes: int, reps: int = 200) -> float:
+        """Read bandwidth (GB/s, one thread, best of 5) over a buffer of `nbytes`: sized to fit L2
+        it measures what streams a vector per FMA from L2 to the cores."""
+        buffer = torch.ones(max(64, nbytes // 4))
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            self._lib.csx_read_bandwidth_probe(buffer.data_ptr(), buffer.numel(), reps)
+            best = min(best, time.perf_counter() - start)
+        return buffer.numel() * 4 * reps / best / 1e9
 
     def sddmm(self, indptr: torch.Tensor, cols: torch.Tensor, in_features: int,
               packed_grad: torch.Tensor, packed_x: torch.Tensor) -> torch.Tensor:

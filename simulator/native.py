@@ -109,7 +109,8 @@ class KernelLibrary:
                                          out.data_ptr())
         return out
 
-    def pack(self, x: torch.Tensor, scratch: bool = False) -> torch.Tensor:
+    def pack(self, x: torch.Tensor, scratch: bool = False,
+             threads: int | None = None) -> torch.Tensor:
         """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded.
 
         scratch=True packs into this thread's reusable buffer of that shape, valid until its
@@ -129,21 +130,22 @@ class KernelLibrary:
         else:
             packed = torch.empty(shape, dtype=x.dtype)
         self._fn("pack", x.dtype)(x.data_ptr(), tokens, features, packed.data_ptr(),
-                                  self.threads_for(x.numel()))
+                                  threads or self.threads_for(x.numel()))
         return packed
 
     def spmm(self, indptr: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor,
              bias: torch.Tensor | None, in_features: int, packed_x: torch.Tensor,
-             tokens: int) -> torch.Tensor:
+             tokens: int, threads: int | None = None) -> torch.Tensor:
         """Y = X Aᵀ (+ bias), token-major [tokens, rows], for the CSR matrix A = (indptr, cols,
-        vals) and X packed by :meth:`pack` from `tokens` tokens."""
+        vals) and X packed by :meth:`pack` from `tokens` tokens. `threads` overrides the
+        count chosen from the work (tests use it to split small problems)."""
         rows = indptr.numel() - 1
         out = torch.empty(tokens, rows, dtype=packed_x.dtype)
         self._fn("spmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), vals.data_ptr(),
             None if bias is None else bias.data_ptr(), rows, in_features,
             packed_x.data_ptr(), tokens, out.data_ptr(),
-            self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
+            threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
         return out
 
     def read_gb_s(self, nbytes: int, reps: int = 200) -> float:
@@ -158,7 +160,8 @@ class KernelLibrary:
         return buffer.numel() * 4 * reps / best / 1e9
 
     def sddmm(self, indptr: torch.Tensor, cols: torch.Tensor, in_features: int,
-              packed_grad: torch.Tensor, packed_x: torch.Tensor) -> torch.Tensor:
+              packed_grad: torch.Tensor, packed_x: torch.Tensor,
+              threads: int | None = None) -> torch.Tensor:
         """Gᵀ X at the non-zeros of the CSR pattern (indptr, cols), 0 elsewhere: a dense
         [rows, in_features] tensor, for G and X packed by :meth:`pack`."""
         rows = indptr.numel() - 1
@@ -166,7 +169,7 @@ class KernelLibrary:
         self._fn("sddmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), rows, in_features, packed_grad.data_ptr(),
             packed_x.data_ptr(), packed_x.shape[0], out.data_ptr(),
-            self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
+            threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
         return out
 
 

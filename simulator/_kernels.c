@@ -26,6 +26,7 @@
  * without OpenMP, the pragma is ignored and every call runs on the calling thread.
  */
 #include <stdint.h>
+#include <stdlib.h>
 
 #define MAX_THREADS 64
 #define BLOCK 64         /* tokens per block; exported as csx_block_tokens() */
@@ -47,6 +48,50 @@
 #define SDDMM_ACCS 4
 
 int csx_block_tokens(void) { return BLOCK; }
+
+/* CSR of a row-major bool mask and of its transpose in one pass after counting (a mask update
+ * rebuilds both in about the time of reading the mask once; torch's nonzero on the transposed
+ * view plus a search for the transpose order took ~100 ms at 4096 x 1024):
+ *   indptr/cols/flat_index      CSR of W (flat_index = r * n_cols + c)
+ *   indptr_t/cols_t/t_order     CSR of W^T, t_order[j] = position in W's CSR of its j-th entry
+ * indptr and indptr_t come filled (prefix sums of csx_mask_counts). Rows of W are visited in
+ * order, so within each column of W^T the rows come out ascending. */
+void csx_mask_counts(const uint8_t *mask, int64_t rows, int64_t n_cols, int32_t *row_counts,
+                     int32_t *col_counts) {
+    for (int64_t c = 0; c < n_cols; c++) col_counts[c] = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = mask + r * n_cols;
+        int32_t count = 0;
+        for (int64_t c = 0; c < n_cols; c++) {
+            count += row[c];
+            col_counts[c] += row[c];
+        }
+        row_counts[r] = count;
+    }
+}
+
+int csx_mask_fill(const uint8_t *mask, int64_t rows, int64_t n_cols, const int32_t *indptr,
+                  int32_t *cols, int64_t *flat_index, const int32_t *indptr_t, int32_t *cols_t,
+                  int64_t *t_order) {
+    int32_t *cursor = malloc(sizeof(int32_t) * (size_t)(n_cols > 0 ? n_cols : 1));
+    if (!cursor) return 1;
+    for (int64_t c = 0; c < n_cols; c++) cursor[c] = indptr_t[c];
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = mask + r * n_cols;
+        int32_t k = indptr[r];
+        for (int64_t c = 0; c < n_cols; c++) {
+            if (!row[c]) continue;
+            cols[k] = (int32_t)c;
+            flat_index[k] = r * n_cols + c;
+            const int32_t j = cursor[c]++;
+            cols_t[j] = (int32_t)r;
+            t_order[j] = k;
+            k++;
+        }
+    }
+    free(cursor);
+    return 0;
+}
 
 /* Sum of `n` floats read `reps` times with vector loads (bench/roofline.py: with n sized to L2,
  * the L2 read bandwidth that bounds a kernel loading one activation vector per FMA). */

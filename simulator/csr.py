@@ -57,22 +57,13 @@ class CSRStructure:
         if mask.numel() >= 2**31:
             raise ValueError(f"mask has {mask.numel()} elements; int32 CSR indices allow < 2**31")
         start = time.perf_counter()
-        out_features, in_features = mask.shape
-        rows, cols = mask.nonzero(as_tuple=True)             # row-major order = CSR order
-        flat_index = rows * in_features + cols                # sorted: row-major
-        cols_t_major, rows_t = mask.t().nonzero(as_tuple=True)  # column-major order = CSR of Wᵀ
-        structure = cls(
-            shape=(out_features, in_features),
-            indptr=_indptr(rows, out_features),
-            cols=cols.to(torch.int32),
-            flat_index=flat_index,
-            indptr_t=_indptr(cols_t_major, in_features),
-            cols_t=rows_t.to(torch.int32),
-            transpose_order=torch.searchsorted(flat_index, rows_t * in_features + cols_t_major),
-            build_ms=0.0,
-        )
-        object.__setattr__(structure, "build_ms", (time.perf_counter() - start) * 1e3)
-        return structure
+        kernels = load_kernels() if mask.device.type == "cpu" else None
+        if kernels is not None:
+            arrays = kernels.csr_from_mask(mask.contiguous())
+        else:
+            arrays = _csr_arrays(mask)
+        return cls(shape=tuple(mask.shape), **arrays,
+                   build_ms=(time.perf_counter() - start) * 1e3)
 
     @property
     def nnz(self) -> int:
@@ -85,6 +76,17 @@ class CSRStructure:
     def row_nnz(self) -> torch.Tensor:
         """Non-zeros per output row (what placement maps onto the PE grid)."""
         return (self.indptr[1:] - self.indptr[:-1]).to(torch.int64)
+
+
+def _csr_arrays(mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``KernelLibrary.csr_from_mask`` in torch ops (any device, slower)."""
+    out_features, in_features = mask.shape
+    rows, cols = mask.nonzero(as_tuple=True)             # row-major order = CSR order
+    transpose_order = torch.argsort(cols * out_features + rows)  # column-major = CSR of Wᵀ
+    return {"indptr": _indptr(rows, out_features), "cols": cols.to(torch.int32),
+            "flat_index": rows * in_features + cols,
+            "indptr_t": _indptr(cols[transpose_order], in_features),
+            "cols_t": rows[transpose_order].to(torch.int32), "transpose_order": transpose_order}
 
 
 def _indptr(sorted_rows: torch.Tensor, num_rows: int) -> torch.Tensor:

@@ -81,6 +81,8 @@ class KernelLibrary:
         self._lib = ctypes.CDLL(str(path))
         self.block_tokens: int = self._lib.csx_block_tokens()
         ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self._lib.csx_mask_counts.argtypes = [ptr, i64, i64, ptr, ptr]
+        self._lib.csx_mask_fill.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
         self._lib.csx_read_bandwidth_probe.argtypes = [ptr, i64, i64]
         self._lib.csx_read_bandwidth_probe.restype = ctypes.c_float
         for suffix in SUFFIX_BY_DTYPE.values():
@@ -148,6 +150,27 @@ class KernelLibrary:
             threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
         return out
 
+    def csr_from_mask(self, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """CSR arrays of a contiguous 2-D bool CPU mask and of its transpose (the fields of
+        ``simulator.csr.CSRStructure``), in two passes over the mask."""
+        rows, n_cols = mask.shape
+        row_counts = torch.empty(rows, dtype=torch.int32)
+        col_counts = torch.empty(n_cols, dtype=torch.int32)
+        self._lib.csx_mask_counts(mask.data_ptr(), rows, n_cols, row_counts.data_ptr(),
+                                  col_counts.data_ptr())
+        indptr, indptr_t = _prefix_sum(row_counts), _prefix_sum(col_counts)
+        nnz = int(indptr[-1])
+        arrays = {"indptr": indptr, "cols": torch.empty(nnz, dtype=torch.int32),
+                  "flat_index": torch.empty(nnz, dtype=torch.int64), "indptr_t": indptr_t,
+                  "cols_t": torch.empty(nnz, dtype=torch.int32),
+                  "transpose_order": torch.empty(nnz, dtype=torch.int64)}
+        if self._lib.csx_mask_fill(mask.data_ptr(), rows, n_cols, indptr.data_ptr(),
+                                   *(arrays[k].data_ptr() for k in ("cols", "flat_index")),
+                                   indptr_t.data_ptr(),
+                                   *(arrays[k].data_ptr() for k in ("cols_t", "transpose_order"))):
+            raise MemoryError("csx_mask_fill: out of memory")
+        return arrays
+
     def read_gb_s(self, nbytes: int, reps: int = 200) -> float:
         """Read bandwidth (GB/s, one thread, best of 5) over a buffer of `nbytes`: sized to fit L2
         it measures what streams a vector per FMA from L2 to the cores."""
@@ -171,6 +194,12 @@ class KernelLibrary:
             packed_x.data_ptr(), packed_x.shape[0], out.data_ptr(),
             threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
         return out
+
+
+def _prefix_sum(counts: torch.Tensor) -> torch.Tensor:
+    indptr = torch.zeros(counts.numel() + 1, dtype=torch.int32)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    return indptr
 
 
 @functools.cache

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.csr import CSRStructure, csr_linear
+from simulator.csr import CSRStructure, _csr_arrays, csr_linear
 from simulator.native import load_kernels
 
 KERNELS = load_kernels()
@@ -129,3 +129,19 @@ def test_gather_equals_index_select(n, seed):
     source = torch.randn(37, 11, generator=generator)
     index = torch.randint(0, source.numel(), (n,), generator=generator)
     assert torch.equal(KERNELS.gather(source, index), source.view(-1).index_select(0, index))
+
+
+@settings(max_examples=40, deadline=None)
+@given(out_features=st.integers(0, 70), in_features=st.integers(0, 70), density=DENSITIES,
+       empty_rows=st.integers(0, 5), empty_cols=st.integers(0, 5), seed=st.integers(0, 2**16))
+def test_structure_built_in_c_equals_the_torch_build(out_features, in_features, density,
+                                                    empty_rows, empty_cols, seed):
+    mask = random_mask(out_features, in_features, density, empty_rows, empty_cols, seed)
+    built = CSRStructure.from_mask(mask)
+    for name, expected in _csr_arrays(mask).items():
+        assert torch.equal(getattr(built, name).to(expected.dtype), expected), name
+    # Both orientations describe the same mask.
+    rebuilt = torch.zeros(in_features, out_features, dtype=torch.bool)
+    rows_t = torch.repeat_interleave(torch.arange(in_features), built.indptr_t.diff().long())
+    rebuilt[rows_t, built.cols_t.long()] = True
+    assert torch.equal(rebuilt, mask.t())

@@ -4,9 +4,11 @@ The weight stays a dense ``nn.Parameter`` (so optimizers, sparsity algorithms an
 unchanged); a :class:`CSRStructure` built from the mask holds the CSR pattern of W and of Wᵀ plus
 the flat positions of the non-zeros, and every call gathers the current values (O(nnz)).
 
-- forward: Y = X Wᵀ by CSR SpMM, O(nnz · tokens);
-- backward: dX = dY W by CSR SpMM with Wᵀ (its pattern precomputed at rebuild), and dW only at
-  the non-zeros, ``dW[k] = Σ_t dY[t, row_k] · X[t, col_k]`` (a sampled product), O(nnz · tokens);
+A layout per direction (bench/roofline.py measures each against its bound):
+- forward: Y = X Wᵀ by CSR SpMM over the CSR of W, O(nnz · tokens);
+- backward: dX = dY W by CSR SpMM over the CSR of Wᵀ (built with W's at every mask change, its
+  values a gather from W's), and dW only at the non-zeros, ``dW[k] = Σ_t dY[t, row_k] ·
+  X[t, col_k]`` (a sampled dense-dense product over W's CSR), O(nnz · tokens);
 - ``dense_grad=True`` (a RigL/GraNet update step) returns the full ``dYᵀ X`` instead, exactly what
   the masked dense layer would have produced before the sparsity library masks it.
 
@@ -18,8 +20,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch

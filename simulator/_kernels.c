@@ -16,7 +16,8 @@
  *           written token-major (a whole cache line per token): no token-blocked Y in memory.
  *   sddmm:  G[r, cols[k]] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j] for each non-zero k of
  *           row r, and 0 elsewhere in row r: the dense weight gradient, written row by row by
- *           the thread that owns the row (no separate zero fill or scatter pass).
+ *           the thread that owns the row (no separate zero fill or scatter pass). Returns
+ *           non-zero when a thread's scratch could not be allocated.
  *
  * Threads come from OpenMP, built with -fopenmp and linked to libgomp.so.1: torch has loaded
  * that library already, so the loader reuses it and these kernels run on torch's own thread
@@ -139,8 +140,9 @@ static void split(const int32_t *indptr, int64_t units, int threads, int64_t *bo
     }
 }
 
-static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *indptr,
-                        int64_t units, int threads) {
+/* Runs fn on every thread's share; non-zero when any share failed (fn returned non-NULL). */
+static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *indptr,
+                       int64_t units, int threads) {
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > units) threads = (int)units;
     if (threads < 1) threads = 1;
@@ -152,8 +154,10 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
         work[i].begin = bounds[i];
         work[i].end = bounds[i + 1];
     }
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-    for (int i = 0; i < threads; i++) fn(&work[i]);
+    int failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(static, 1) reduction(| : failed)
+    for (int i = 0; i < threads; i++) failed |= fn(&work[i]) != 0;
+    return failed;
 }
 
 #define DEFINE_KERNELS(T, S, I)                                                                   \
@@ -275,10 +279,9 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
      * of the row's non-zeros streams its activation tile past it: one load per FMA and one      \
      * horizontal reduction per GROUP * VECS FMAs. */                                             \
     static inline __attribute__((always_inline)) void sddmm_rows_##S(                             \
-        const work_t *w, int64_t b0, int group) {                                                 \
+        const work_t *w, int64_t b0, int group, T *out) {                                         \
         const int64_t n = w->features, m = w->rows;                                               \
         const T *gsrc = (const T *)w->grad, *xsrc = (const T *)w->src;                            \
-        T *out = (T *)w->out;                                                                     \
         for (int64_t r = w->begin; r < w->end; r++) {                                             \
             const int32_t kbegin = w->indptr[r], kend = w->indptr[r + 1];                         \
             if (kbegin == kend) continue;                                                         \
@@ -295,19 +298,34 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
                 for (int a = 1; a < SDDMM_ACCS; a++) acc[0] += acc[a];                            \
                 T sum = 0;                                                                        \
                 for (int l = 0; l < LANES_##S; l++) sum += acc[0][l];                             \
-                out[r * n + w->cols[k]] += sum;                                                   \
+                out[k] += sum;                                                                    \
             }                                                                                     \
         }                                                                                         \
     }                                                                                             \
                                                                                                   \
+    /* The sums accumulate over the token groups in a compact per-thread array in CSR order       \
+     * (L2-sized), then go to the dense gradient in one pass that also zeroes its rows: summing  \
+     * in the dense gradient itself touched a scattered cache line per non-zero and group,       \
+     * measured 1.5x slower at 4096 x 1024 and 2048 tokens. */                                    \
     static void *sddmm_worker_##S(void *arg) {                                                    \
         const work_t *w = (const work_t *)arg;                                                    \
-        T *out = (T *)w->out;                                                                     \
-        for (int64_t i = w->begin * w->features; i < w->end * w->features; i++) out[i] = 0;       \
+        const int64_t n = w->features, first = w->indptr[w->begin];                               \
+        const int64_t count = w->indptr[w->end] - first;                                          \
+        T *sums = calloc((size_t)(count > 0 ? count : 1), sizeof(T));                             \
+        if (!sums) return (void *)1;                                                              \
+        T *shifted = sums - first; /* indexed by the CSR position k */                            \
         int64_t b0 = 0;                                                                           \
         for (; b0 + SDDMM_GROUP_##S <= w->blocks; b0 += SDDMM_GROUP_##S)                          \
-            sddmm_rows_##S(w, b0, SDDMM_GROUP_##S);                                               \
-        for (; b0 < w->blocks; b0++) sddmm_rows_##S(w, b0, 1);                                    \
+            sddmm_rows_##S(w, b0, SDDMM_GROUP_##S, shifted);                                      \
+        for (; b0 < w->blocks; b0++) sddmm_rows_##S(w, b0, 1, shifted);                           \
+        T *grad = (T *)w->out;                                                                    \
+        for (int64_t r = w->begin; r < w->end; r++) {                                             \
+            T *row = grad + r * n;                                                                \
+            for (int64_t c = 0; c < n; c++) row[c] = 0;                                           \
+            for (int32_t k = w->indptr[r]; k < w->indptr[r + 1]; k++)                             \
+                row[w->cols[k]] = shifted[k];                                                     \
+        }                                                                                         \
+        free(sums);                                                                               \
         return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
@@ -335,13 +353,13 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
         run_threads(spmm_worker_##S, &proto, indptr, rows, threads);                              \
     }                                                                                             \
                                                                                                   \
-    void csx_sddmm_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,                  \
+    int csx_sddmm_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,                  \
                        int64_t features, const T *gb, const T *xb, int64_t blocks, T *grad,       \
                        int threads) {                                                             \
         const work_t proto = {.indptr = indptr, .cols = cols, .src = xb, .grad = gb,              \
                               .out = grad, .features = features, .blocks = blocks,                \
                               .rows = rows};                                                      \
-        run_threads(sddmm_worker_##S, &proto, indptr, rows, threads);                             \
+        return run_threads(sddmm_worker_##S, &proto, indptr, rows, threads);                      \
     }
 
 DEFINE_KERNELS(float, f32, int32_t)

@@ -92,6 +92,7 @@ class KernelLibrary:
                 ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32]
             getattr(self._lib, f"csx_sddmm_{suffix}").argtypes = [
                 ptr, ptr, i64, i64, ptr, ptr, i64, ptr, i32]
+            getattr(self._lib, f"csx_sddmm_{suffix}").restype = ctypes.c_int
 
     @staticmethod
     def threads_for(work: int) -> int:
@@ -189,10 +190,12 @@ class KernelLibrary:
         [rows, in_features] tensor, for G and X packed by :meth:`pack`."""
         rows = indptr.numel() - 1
         out = torch.empty(rows, in_features, dtype=packed_x.dtype)
-        self._fn("sddmm", packed_x.dtype)(
+        failed = self._fn("sddmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), rows, in_features, packed_grad.data_ptr(),
             packed_x.data_ptr(), packed_x.shape[0], out.data_ptr(),
             threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
+        if failed:
+            raise MemoryError(f"csx_sddmm: no memory for the sums of {cols.numel()} non-zeros")
         return out
 
 

@@ -14,7 +14,21 @@ optimizer), so the ratio's parts can be told apart. The gradient hooks (masking 
 when backward ends, and capturing the dense gradient before an update step) run inside
 backward, so their cost is in the forward + backward row. After the last step the masked runs are
 checked: weights, gradients and AdamW moments exactly 0 wherever the mask is False. Target:
-ordinary and amortised ratios ≤ 1.05. Writes bench/results/masked_overhead.json.
+ordinary and amortised ratios ≤ 1.05, and the ordinary step no slower than the fastest peer.
+
+Peers, stepped in the same rotation on the same weights, batches and optimizer, masking the same
+layers at the same sparsity with their own RigL (an update every 100 steps, so every timed step
+is an ordinary one for them too), each when installed (``pip install --no-deps rigl-torch
+sparsimony``):
+  rigl-torch   RigLScheduler: a gradient hook per weight, weights re-masked after every step.
+               It imports torchvision only to recognise ResNet blocks; where no torchvision
+               loads with this torch (PyPI's 0.28 wheel needs its CUDA-built operators, 0.29
+               needs torch 2.14), a stand-in module holding those two classes is registered.
+  sparsimony   RigL on torch.ao's BaseSparsifier: a parametrization recomputes weight ⊙ mask
+               on every forward and keeps a dense-gradient buffer.
+With one thread (the default) a step's time is the calling thread's CPU time, which other
+processes on a shared machine disturb far less than wall time. Writes
+bench/results/masked_overhead.json.
 
 AdamW is built as workers/ builds it, with its fused CPU kernel. ``--foreach`` times torch's
 default (foreach) AdamW instead: it takes the square root of every second moment, and on some
@@ -27,14 +41,17 @@ which is why the trainer uses the fused kernel.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
@@ -45,6 +62,11 @@ RESULTS = Path(__file__).resolve().parent / "results" / "masked_overhead.json"
 PRESET, BATCH, SEQ_LEN = "small", 4, 128
 SPARSITY, DROP_FRACTION, UPDATE_FREQ = 0.8, 0.3, 100
 TARGET_RATIO = 1.05
+PEERS = ("rigl-torch", "sparsimony")
+
+
+def clock() -> float:
+    return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
 
 
 class Run:
@@ -55,6 +77,7 @@ class Run:
         self.model = build_model(preset_config(PRESET), seed=0)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4, fused=fused)
         self.algorithm = None
+        self.peer_step = None  # a peer's own step logic (rigl-torch skips optimizer.step on updates)
         self.times_s: dict[str, list[float]] = {"step": [], "forward_backward": [],
                                                 "optimizer_step": [], "sparsity_hooks": []}
         self._hooks_s = 0.0
@@ -71,20 +94,23 @@ class Run:
         self.loss = float("nan")
 
     def _start_hooks(self, *_: object) -> None:
-        self._hooks_started = time.perf_counter()
+        self._hooks_started = clock()
 
     def _stop_hooks(self, *_: object) -> None:
-        self._hooks_s += time.perf_counter() - self._hooks_started
+        self._hooks_s += clock() - self._hooks_started
 
     def step(self, x: torch.Tensor, y: torch.Tensor, timed: bool) -> None:
         self._hooks_s = 0.0
-        started = time.perf_counter()
+        started = clock()
         _, loss = self.model(x, y)
         self.optimizer.zero_grad()
         loss.backward()
-        backward_done = time.perf_counter()
-        self.optimizer.step()
-        done = time.perf_counter()
+        backward_done = clock()
+        if self.peer_step is not None:
+            self.peer_step()
+        else:
+            self.optimizer.step()
+        done = clock()
         if timed:
             for key, seconds in (("step", done - started), ("forward_backward", backward_done - started),
                                  ("optimizer_step", done - backward_done), ("sparsity_hooks", self._hooks_s)):
@@ -101,6 +127,81 @@ class Run:
                                             if torch.is_tensor(v) and v.shape == param.shape)]
             if any(bool(t[~mask].ne(0).any()) for t in tensors):
                 raise AssertionError(f"{self.name}: {name} has non-zeros where it is masked")
+
+
+def sparse_linears(reference: Run, model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """The layers of `model` named like the ones our RigL masks in `reference`."""
+    names = {name.removesuffix(".weight") for name, _, _ in reference.algorithm.sparse_parameters()}
+    return [(name, module) for name, module in model.named_modules() if name in names]
+
+
+def rigl_torch_run(reference: Run, fused: bool) -> Run:
+    if importlib.util.find_spec("torchvision") is None or not _torchvision_loads():
+        stand_in = types.ModuleType("torchvision")
+        stand_in.models = types.SimpleNamespace(resnet=types.SimpleNamespace(
+            Bottleneck=type("Bottleneck", (nn.Module,), {}),
+            BasicBlock=type("BasicBlock", (nn.Module,), {})))
+        sys.modules["torchvision"] = stand_in
+    from rigl_torch.RigL import RigLScheduler
+
+    run = Run("rigl-torch", None, fused)
+    # rigl-torch keeps its first layer dense under 'uniform': a 1x1 placeholder takes that
+    # place, so exactly our masked layers are sparse, at our sparsity.
+    layers = nn.ModuleList([nn.Linear(1, 1)] + [m for _, m in sparse_linears(reference, run.model)])
+    scheduler = RigLScheduler(layers, run.optimizer, dense_allocation=1 - SPARSITY,
+                              T_end=10**9, delta=UPDATE_FREQ, alpha=DROP_FRACTION,
+                              sparsity_distribution="uniform", ignore_linear_layers=False)
+    run.peer_step = lambda: scheduler() and run.optimizer.step()
+    return run
+
+
+def _torchvision_loads() -> bool:
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001 - any failure to load means: use the stand-in
+        return False
+    return True
+
+
+def sparsimony_run(reference: Run, fused: bool) -> Run:
+    from sparsimony.distributions.base import UniformDistribution
+    from sparsimony.dst.rigl import RigL as SparsimonyRigL
+    from sparsimony.schedulers.base import ConstantScheduler
+
+    run = Run("sparsimony", None, fused)
+    sparsifier = SparsimonyRigL(ConstantScheduler(DROP_FRACTION, t_end=10**9, delta_t=UPDATE_FREQ),
+                                UniformDistribution(), run.optimizer, sparsity=SPARSITY)
+    sparsifier.prepare(run.model, [{"tensor_fqn": f"{name}.weight"}
+                                   for name, _ in sparse_linears(reference, run.model)])
+
+    def step() -> None:
+        run.optimizer.step()
+        sparsifier.step()
+    run.peer_step = step
+    return run
+
+
+def check_peer_sparsity(peer: Run, reference: Run) -> None:
+    """A peer must have trained the same layers at our sparsity, or its timing means nothing."""
+    weights = [module.weight for _, module in sparse_linears(reference, peer.model)]
+    zeros = sum(int((w == 0).sum()) for w in weights) / sum(w.numel() for w in weights)
+    if abs(zeros - SPARSITY) > 0.01:
+        raise AssertionError(f"peer {peer.name}: {zeros:.3f} of the masked layers' weights are 0, "
+                             f"expected {SPARSITY}")
+
+
+def peer_runs(reference: Run, fused: bool) -> tuple[list[Run], dict[str, str]]:
+    """The peers that are installed, and why the others are missing."""
+    builders = {"rigl-torch": (rigl_torch_run, "rigl_torch"),
+                "sparsimony": (sparsimony_run, "sparsimony")}
+    runs, missing = [], {}
+    for name in PEERS:
+        build, module = builders[name]
+        if importlib.util.find_spec(module) is None:
+            missing[name] = "not installed (pip install --no-deps " + name + ")"
+            continue
+        runs.append(build(reference, fused))
+    return runs, missing
 
 
 def row(step: str, dense_ms: float, masked_ms: float, target: float | None = None) -> dict:
@@ -120,6 +221,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="8 timed steps instead of 40")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-peers", action="store_true", help="time our runs only")
     parser.add_argument("--foreach", action="store_true",
                         help="torch's default AdamW instead of the fused kernel the trainer uses")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -131,11 +233,15 @@ def main() -> None:
     runs = [Run("dense", None, fused), Run("masked", UPDATE_FREQ, fused),
             Run("masked, updating", 1, fused)]
     dense, ordinary, updating = runs
+    peers, missing_peers = ([], {}) if args.no_peers else peer_runs(ordinary, fused)
+    runs += peers
     for index, (x, y) in enumerate(batches(warmup + steps, dense.model.built.vocab_size)):
-        for run in runs[index % 3:] + runs[:index % 3]:
+        for run in runs[index % len(runs):] + runs[:index % len(runs)]:
             run.step(x, y, timed=index >= warmup)
     for run in (ordinary, updating):
         run.check_masked()
+    for peer in peers:
+        check_peer_sparsity(peer, ordinary)
 
     dense_ms, ordinary_ms, update_ms = dense.median_ms(), ordinary.median_ms(), updating.median_ms()
     amortised_ms = ((UPDATE_FREQ - 1) * ordinary_ms + update_ms) / UPDATE_FREQ
@@ -149,7 +255,9 @@ def main() -> None:
         row("RigL update step", dense_ms, update_ms),
         row("  sparsity hooks / dense step", dense_ms, updating.median_ms("sparsity_hooks")),
         row(f"amortised (update every {UPDATE_FREQ})", dense_ms, amortised_ms, TARGET_RATIO),
+        *[row(f"peer {peer.name}, ordinary step", dense_ms, peer.median_ms()) for peer in peers],
     ]
+    fastest_peer = min(peers, key=Run.median_ms, default=None)
     params = dense.model.num_parameters()
     sparse_params = sum(p.numel() for _, p, _ in ordinary.algorithm.sparse_parameters())
     print(f"model {PRESET} ({params / 1e6:.1f}M parameters, {sparse_params / 1e6:.1f}M masked), "
@@ -163,7 +271,14 @@ def main() -> None:
     print(f"  final losses: dense {dense.loss:.3f}, masked {ordinary.loss:.3f}, "
           f"masked updating {updating.loss:.3f}; masks verified")
 
-    meets = all(r["ratio"] <= r["target"] for r in rows if r["target"] is not None)
+    if fastest_peer is not None:
+        print(f"  ours / fastest peer ({fastest_peer.name}), ordinary step: "
+              f"{ordinary_ms / fastest_peer.median_ms():.3f} (target <= 1: "
+              f"{'ok' if ordinary_ms <= fastest_peer.median_ms() else 'MISS'})")
+    for name, why in missing_peers.items():
+        print(f"  peer {name}: {why}")
+    meets = all(r["ratio"] <= r["target"] for r in rows if r["target"] is not None) and (
+        fastest_peer is None or ordinary_ms <= fastest_peer.median_ms())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "machine": {"processor": platform.processor() or platform.machine(),
@@ -176,6 +291,12 @@ def main() -> None:
         "dense_step_ms": dense_ms, "ordinary_step_ratio": rows[0]["ratio"],
         "hooks_share_of_dense_step_ratio": rows[3]["ratio"], "update_step_ratio": rows[4]["ratio"],
         "amortised_ratio": rows[6]["ratio"],
+        "clock": "thread CPU time" if torch.get_num_threads() == 1 else "wall",
+        "peers": {peer.name: {"ordinary_step_ms": peer.median_ms(),
+                              "ratio_to_dense": peer.median_ms() / dense_ms} for peer in peers},
+        "missing_peers": missing_peers,
+        "ours_to_fastest_peer_ratio": (ordinary_ms / fastest_peer.median_ms()
+                                       if fastest_peer is not None else None),
         "meets_target": meets, "rows": rows}, indent=2))
     print(f"wrote {args.out}")
 

@@ -30,7 +30,7 @@ README_START, README_END = "<!-- bench-summary -->", "<!-- /bench-summary -->"
 # Not benchmarks: this runner, the docs/results.md study (make results) with its renderer, and
 # the MLflow UI screenshots of docs/images (needs Chromium).
 NOT_BENCHMARKS = {"run_all", "study_results", "study_report", "mlflow_screenshots"}
-HEADLINE = re.compile(r"ratio|per_s|per_param|_ms$|speedup|meets_target|targets_met|crossover|efficiency")
+HEADLINE = re.compile(r"ratio|per_s|per_param|_ms$|speedup|meets_target|targets_met|crossover|efficiency|fraction")
 
 
 def benchmarks() -> list[str]:

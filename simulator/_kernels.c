@@ -7,12 +7,17 @@
  * All work is O(nnz * tokens) plus O((rows + cols) * tokens) for packing.
  *
  *   pack:   Xb[b, c, j] = X[b*BLOCK + j, c]            (0 past the last token)
- *   unpack: Y[t, r] = Yb[t / BLOCK, r, t % BLOCK]
- *   spmm:   Yb[b, r, :] = bias[r] + sum_{k in row r} vals[k] * Xb[b, cols[k], :]   (Y = X W^T)
- *
- * (Writing Y token-major straight from the spmm accumulators was measured 2x slower than
- * spmm into Yb plus unpack: 64 strided stores per row and block.)
- *   sddmm:  out[k] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j]   for each non-zero k of row r
+ *   spmm:   Y[b*BLOCK + j, r] = bias[r] + sum_{k in row r} vals[k] * Xb[b, cols[k], j]
+ *           (Y = X A^T for the CSR matrix A: W for the forward, W^T for the input gradient).
+ *           The values are a contiguous array in CSR order: every token block re-reads them,
+ *           and reading them from the dense W instead (no gather per call) was measured up to
+ *           2x slower, a cache line of W per non-zero and block. Rows of a block are computed
+ *           one vector's width (LANES) at a time into an L1 tile, transposed in registers and
+ *           written token-major (a whole cache line per token): no token-blocked Y in memory.
+ *   sddmm:  G[r, cols[k]] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j] for each non-zero k of
+ *           row r, and 0 elsewhere in row r: the dense weight gradient, written row by row by
+ *           the thread that owns the row (no separate zero fill or scatter pass). Returns
+ *           non-zero when a thread's scratch could not be allocated.
  *
  * Threads come from OpenMP, built with -fopenmp and linked to libgomp.so.1: torch has loaded
  * that library already, so the loader reuses it and these kernels run on torch's own thread
@@ -22,6 +27,7 @@
  * without OpenMP, the pragma is ignored and every call runs on the calling thread.
  */
 #include <stdint.h>
+#include <stdlib.h>
 
 #define MAX_THREADS 64
 #define BLOCK 64         /* tokens per block; exported as csx_block_tokens() */
@@ -33,22 +39,87 @@
 #else
 #define VEC_BYTES 32
 #endif
-#define SDDMM_GROUP 2    /* blocks summed in registers before one horizontal reduction */
-#define PACK_TILE (VEC_BYTES / 4) /* features per pack/unpack tile: a vector register of floats */
+/* sddmm keeps SDDMM_REGS vector registers of gradient resident (half the register file) and
+ * sums into SDDMM_ACCS accumulators to hide FMA latency. */
+#if defined(__AVX512F__)
+#define SDDMM_REGS 16
+#else
+#define SDDMM_REGS 8
+#endif
+#define SDDMM_ACCS 4
 
 int csx_block_tokens(void) { return BLOCK; }
+
+/* CSR of a row-major bool mask and of its transpose in one pass after counting (a mask update
+ * rebuilds both in about the time of reading the mask once; torch's nonzero on the transposed
+ * view plus a search for the transpose order took ~100 ms at 4096 x 1024):
+ *   indptr/cols/flat_index      CSR of W (flat_index = r * n_cols + c)
+ *   indptr_t/cols_t/t_order     CSR of W^T, t_order[j] = position in W's CSR of its j-th entry
+ * indptr and indptr_t come filled (prefix sums of csx_mask_counts). Rows of W are visited in
+ * order, so within each column of W^T the rows come out ascending. */
+void csx_mask_counts(const uint8_t *mask, int64_t rows, int64_t n_cols, int32_t *row_counts,
+                     int32_t *col_counts) {
+    for (int64_t c = 0; c < n_cols; c++) col_counts[c] = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = mask + r * n_cols;
+        int32_t count = 0;
+        for (int64_t c = 0; c < n_cols; c++) {
+            count += row[c];
+            col_counts[c] += row[c];
+        }
+        row_counts[r] = count;
+    }
+}
+
+int csx_mask_fill(const uint8_t *mask, int64_t rows, int64_t n_cols, const int32_t *indptr,
+                  int32_t *cols, int64_t *flat_index, const int32_t *indptr_t, int32_t *cols_t,
+                  int64_t *t_order) {
+    int32_t *cursor = malloc(sizeof(int32_t) * (size_t)(n_cols > 0 ? n_cols : 1));
+    if (!cursor) return 1;
+    for (int64_t c = 0; c < n_cols; c++) cursor[c] = indptr_t[c];
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = mask + r * n_cols;
+        int32_t k = indptr[r];
+        for (int64_t c = 0; c < n_cols; c++) {
+            if (!row[c]) continue;
+            cols[k] = (int32_t)c;
+            flat_index[k] = r * n_cols + c;
+            const int32_t j = cursor[c]++;
+            cols_t[j] = (int32_t)r;
+            t_order[j] = k;
+            k++;
+        }
+    }
+    free(cursor);
+    return 0;
+}
+
+/* Sum of `n` floats read `reps` times with vector loads (bench/roofline.py: with n sized to L2,
+ * the L2 read bandwidth that bounds a kernel loading one activation vector per FMA). */
+float csx_read_bandwidth_probe(const float *buf, int64_t n, int64_t reps) {
+    typedef float vec __attribute__((vector_size(VEC_BYTES), aligned(sizeof(float))));
+    enum { LANES = VEC_BYTES / sizeof(float) };
+    vec acc[4] = {{0}};
+    for (int64_t r = 0; r < reps; r++)
+        for (int64_t i = 0; i + 4 * LANES <= n; i += 4 * LANES)
+            for (int a = 0; a < 4; a++) acc[a] += *(const vec *)(buf + i + a * LANES);
+    float sum = 0;
+    for (int a = 0; a < 4; a++)
+        for (int l = 0; l < LANES; l++) sum += acc[a][l];
+    return sum;
+}
 
 typedef struct {
     const int32_t *indptr;
     const int32_t *cols;
     const void *vals;
     const void *bias;
-    const void *src;   /* Xb for spmm/sddmm, the source matrix for pack/unpack */
+    const void *src;   /* Xb for spmm/sddmm, the token-major matrix for pack */
     const void *grad;  /* Gb for sddmm */
     void *out;
-    int64_t begin, end; /* this thread's rows (spmm, sddmm) or blocks (pack, unpack) */
+    int64_t begin, end; /* this thread's rows (spmm, sddmm) or blocks (pack) */
     int64_t features;   /* columns of W (spmm, sddmm) or of the token-major matrix (pack) */
-    int64_t blocks, tokens; /* token blocks; real tokens (pack, unpack) */
+    int64_t blocks, tokens; /* token blocks; real tokens */
     int64_t rows;           /* rows of W (spmm, sddmm) */
 } work_t;
 
@@ -69,8 +140,9 @@ static void split(const int32_t *indptr, int64_t units, int threads, int64_t *bo
     }
 }
 
-static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *indptr,
-                        int64_t units, int threads) {
+/* Runs fn on every thread's share; non-zero when any share failed (fn returned non-NULL). */
+static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *indptr,
+                       int64_t units, int threads) {
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > units) threads = (int)units;
     if (threads < 1) threads = 1;
@@ -82,13 +154,38 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
         work[i].begin = bounds[i];
         work[i].end = bounds[i + 1];
     }
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-    for (int i = 0; i < threads; i++) fn(&work[i]);
+    int failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(static, 1) reduction(| : failed)
+    for (int i = 0; i < threads; i++) failed |= fn(&work[i]) != 0;
+    return failed;
 }
 
-#define DEFINE_KERNELS(T, S)                                                                      \
+#define DEFINE_KERNELS(T, S, I)                                                                   \
     typedef T vec_##S __attribute__((vector_size(VEC_BYTES), aligned(sizeof(T))));                \
-    enum { LANES_##S = VEC_BYTES / sizeof(T), VECS_##S = BLOCK / LANES_##S };                     \
+    typedef I ivec_##S __attribute__((vector_size(VEC_BYTES)));                                   \
+    enum { LANES_##S = VEC_BYTES / sizeof(T), VECS_##S = BLOCK / LANES_##S,                       \
+           /* blocks whose gradient fits in SDDMM_REGS registers (at least one) */                \
+           SDDMM_GROUP_##S = SDDMM_REGS / VECS_##S > 0 ? SDDMM_REGS / VECS_##S : 1,               \
+           SDDMM_VECS_##S = SDDMM_GROUP_##S * VECS_##S };                                         \
+                                                                                                  \
+    /* In-register transpose of a LANES x LANES tile held as LANES vectors: log2(LANES) stages  \
+     * of two-source shuffles, each swapping the off-diagonal h x h blocks of every 2h x 2h     \
+     * block (about 1/4 shuffle per element against about 1 scalar move). */                     \
+    static inline __attribute__((always_inline)) void transpose_##S(vec_##S *v) {                 \
+        for (int h = LANES_##S / 2; h >= 1; h /= 2) {                                             \
+            ivec_##S lo, hi;                                                                      \
+            for (int k = 0; k < LANES_##S; k++) {                                                 \
+                lo[k] = (k & h) ? LANES_##S + k - h : k;                                          \
+                hi[k] = (k & h) ? LANES_##S + k : k + h;                                          \
+            }                                                                                     \
+            for (int i = 0; i < LANES_##S; i++) {                                                 \
+                if (i & h) continue;                                                              \
+                const vec_##S a = v[i], b = v[i + h];                                             \
+                v[i] = __builtin_shuffle(a, b, lo);                                               \
+                v[i + h] = __builtin_shuffle(a, b, hi);                                           \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
                                                                                                   \
     static void *pack_worker_##S(void *arg) {                                                     \
         const work_t *w = (const work_t *)arg;                                                    \
@@ -97,130 +194,173 @@ static void run_threads(void *(*fn)(void *), const work_t *proto, const int32_t 
         const int64_t n = w->features;                                                            \
         for (int64_t b = w->begin; b < w->end; b++) {                                             \
             T *dst = xb + b * n * BLOCK;                                                          \
+            const T *src = x + b * BLOCK * n;                                                     \
             const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
-            for (int64_t c0 = 0; c0 < n; c0 += PACK_TILE) {                                       \
-                const int64_t c1 = c0 + PACK_TILE < n ? c0 + PACK_TILE : n;                       \
-                for (int64_t j = 0; j < valid; j++) {                                             \
-                    const T *row = x + (b * BLOCK + j) * n;                                       \
-                    for (int64_t c = c0; c < c1; c++) dst[c * BLOCK + j] = row[c];                \
-                }                                                                                 \
-                for (int64_t j = valid; j < BLOCK; j++)                                           \
-                    for (int64_t c = c0; c < c1; c++) dst[c * BLOCK + j] = 0;                     \
-            }                                                                                     \
-        }                                                                                         \
-        return 0;                                                                                 \
-    }                                                                                             \
-                                                                                                  \
-    static void *unpack_worker_##S(void *arg) {                                                   \
-        const work_t *w = (const work_t *)arg;                                                    \
-        const T *yb = (const T *)w->src;                                                          \
-        T *y = (T *)w->out;                                                                       \
-        const int64_t m = w->features;                                                            \
-        for (int64_t b = w->begin; b < w->end; b++) {                                             \
-            const T *src = yb + b * m * BLOCK;                                                    \
-            const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
-            for (int64_t r0 = 0; r0 < m; r0 += PACK_TILE) {                                       \
-                const int64_t r1 = r0 + PACK_TILE < m ? r0 + PACK_TILE : m;                       \
-                for (int64_t j = 0; j < valid; j++) {                                             \
-                    T *row = y + (b * BLOCK + j) * m;                                             \
-                    for (int64_t r = r0; r < r1; r++) row[r] = src[r * BLOCK + j];                \
+            for (int64_t c0 = 0; c0 < n; c0 += LANES_##S) {                                       \
+                const int64_t c1 = c0 + LANES_##S < n ? c0 + LANES_##S : n;                       \
+                for (int64_t j0 = 0; j0 < BLOCK; j0 += LANES_##S) {                               \
+                    if (c1 - c0 == LANES_##S && j0 + LANES_##S <= valid) {                        \
+                        vec_##S v[LANES_##S];                                                     \
+                        for (int j = 0; j < LANES_##S; j++)                                       \
+                            v[j] = *(const vec_##S *)(src + (j0 + j) * n + c0);                   \
+                        transpose_##S(v);                                                         \
+                        for (int c = 0; c < LANES_##S; c++)                                       \
+                            *(vec_##S *)(dst + (c0 + c) * BLOCK + j0) = v[c];                     \
+                        continue;                                                                 \
+                    }                                                                             \
+                    for (int64_t j = j0; j < j0 + LANES_##S; j++)                                 \
+                        for (int64_t c = c0; c < c1; c++)                                         \
+                            dst[c * BLOCK + j] = j < valid ? src[j * n + c] : (T)0;               \
                 }                                                                                 \
             }                                                                                     \
         }                                                                                         \
         return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
+    /* Rows of one token block are computed LANES at a time into an L1-resident tile, which is  \
+     * then transposed in registers and written token-major: each token gets LANES contiguous   \
+     * outputs (a whole cache line), and no token-blocked copy of Y ever reaches memory. */       \
     static void *spmm_worker_##S(void *arg) {                                                     \
         const work_t *w = (const work_t *)arg;                                                    \
         const T *vals = (const T *)w->vals, *bias = (const T *)w->bias;                           \
-        const int64_t n = w->features;                                                            \
+        const int64_t n = w->features, m = w->rows;                                               \
+        T *y = (T *)w->out;                                                                       \
+        vec_##S tile[LANES_##S][VECS_##S];                                                        \
         for (int64_t b = 0; b < w->blocks; b++) {                                                 \
             const T *xb = (const T *)w->src + b * n * BLOCK;                                      \
-            T *yb = (T *)w->out + b * w->rows * BLOCK;                                            \
-            for (int64_t r = w->begin; r < w->end; r++) {                                         \
-                vec_##S a[VECS_##S], c[VECS_##S];                                                 \
-                const T init = bias ? bias[r] : (T)0;                                             \
-                for (int q = 0; q < VECS_##S; q++) {                                              \
-                    a[q] = (vec_##S){0} + init;                                                   \
-                    c[q] = (vec_##S){0};                                                          \
-                }                                                                                 \
-                int32_t k = w->indptr[r];                                                         \
-                const int32_t end = w->indptr[r + 1];                                             \
-                for (; k + 1 < end; k += 2) { /* two accumulator sets hide FMA latency */         \
-                    const vec_##S *x0 = (const vec_##S *)(xb + (int64_t)w->cols[k] * BLOCK);      \
-                    const vec_##S *x1 = (const vec_##S *)(xb + (int64_t)w->cols[k + 1] * BLOCK);  \
-                    const T v0 = vals[k], v1 = vals[k + 1];                                       \
+            const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
+            for (int64_t r0 = w->begin; r0 < w->end; r0 += LANES_##S) {                          \
+                const int64_t r1 = r0 + LANES_##S < w->end ? r0 + LANES_##S : w->end;             \
+                for (int64_t r = r0; r < r1; r++) {                                               \
+                    vec_##S a[VECS_##S], c[VECS_##S];                                             \
+                    const T init = bias ? bias[r] : (T)0;                                         \
                     for (int q = 0; q < VECS_##S; q++) {                                          \
-                        a[q] += v0 * x0[q];                                                       \
-                        c[q] += v1 * x1[q];                                                       \
+                        a[q] = (vec_##S){0} + init;                                               \
+                        c[q] = (vec_##S){0};                                                      \
                     }                                                                             \
+                    int32_t k = w->indptr[r];                                                     \
+                    const int32_t end = w->indptr[r + 1];                                         \
+                    for (; k + 1 < end; k += 2) { /* two accumulator sets hide FMA latency */     \
+                        const vec_##S *x0 = (const vec_##S *)(xb + (int64_t)w->cols[k] * BLOCK);  \
+                        const vec_##S *x1 =                                                       \
+                            (const vec_##S *)(xb + (int64_t)w->cols[k + 1] * BLOCK);              \
+                        const T v0 = vals[k], v1 = vals[k + 1];                                   \
+                        for (int q = 0; q < VECS_##S; q++) {                                      \
+                            a[q] += v0 * x0[q];                                                   \
+                            c[q] += v1 * x1[q];                                                   \
+                        }                                                                         \
+                    }                                                                             \
+                    if (k < end) {                                                                \
+                        const vec_##S *x0 = (const vec_##S *)(xb + (int64_t)w->cols[k] * BLOCK);  \
+                        for (int q = 0; q < VECS_##S; q++) a[q] += vals[k] * x0[q];               \
+                    }                                                                             \
+                    for (int q = 0; q < VECS_##S; q++) tile[r - r0][q] = a[q] + c[q];             \
                 }                                                                                 \
-                if (k < end) {                                                                    \
-                    const vec_##S *x0 = (const vec_##S *)(xb + (int64_t)w->cols[k] * BLOCK);      \
-                    for (int q = 0; q < VECS_##S; q++) a[q] += vals[k] * x0[q];                   \
+                if (r1 - r0 == LANES_##S) {                                                       \
+                    for (int q = 0; q < VECS_##S; q++) {                                          \
+                        vec_##S v[LANES_##S];                                                     \
+                        for (int r = 0; r < LANES_##S; r++) v[r] = tile[r][q];                    \
+                        transpose_##S(v);                                                         \
+                        for (int j = 0; j < LANES_##S && q * LANES_##S + j < valid; j++)          \
+                            *(vec_##S *)(y + (b * BLOCK + q * LANES_##S + j) * m + r0) = v[j];    \
+                    }                                                                             \
+                    continue;                                                                     \
                 }                                                                                 \
-                vec_##S *y = (vec_##S *)(yb + r * BLOCK);                                         \
-                for (int q = 0; q < VECS_##S; q++) y[q] = a[q] + c[q];                            \
+                const T *flat = (const T *)tile;                                                  \
+                for (int64_t j = 0; j < valid; j++)                                               \
+                    for (int64_t r = 0; r < r1 - r0; r++)                                         \
+                        y[(b * BLOCK + j) * m + r0 + r] = flat[r * BLOCK + j];                    \
             }                                                                                     \
         }                                                                                         \
         return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
-    static void *sddmm_worker_##S(void *arg) {                                                    \
-        const work_t *w = (const work_t *)arg;                                                    \
+    /* One row's gradient for GROUP blocks (GROUP * VECS vectors) stays in registers while each  \
+     * of the row's non-zeros streams its activation tile past it: one load per FMA and one      \
+     * horizontal reduction per GROUP * VECS FMAs. */                                             \
+    static inline __attribute__((always_inline)) void sddmm_rows_##S(                             \
+        const work_t *w, int64_t b0, int group, T *out) {                                         \
         const int64_t n = w->features, m = w->rows;                                               \
-        T *out = (T *)w->out;                                                                     \
-        for (int32_t k = w->indptr[w->begin]; k < w->indptr[w->end]; k++) out[k] = 0;             \
-        for (int64_t b0 = 0; b0 < w->blocks; b0 += SDDMM_GROUP) {                                 \
-            const int64_t group = w->blocks - b0 < SDDMM_GROUP ? w->blocks - b0 : SDDMM_GROUP;    \
-            for (int64_t r = w->begin; r < w->end; r++) {                                         \
-                for (int32_t k = w->indptr[r]; k < w->indptr[r + 1]; k++) {                       \
-                    vec_##S acc = {0}, acc2 = {0};                                                \
-                    for (int64_t b = b0; b < b0 + group; b++) {                                   \
-                        const vec_##S *g = (const vec_##S *)((const T *)w->grad +                 \
-                                                             (b * m + r) * BLOCK);                \
-                        const vec_##S *x = (const vec_##S *)((const T *)w->src +                  \
-                                                             (b * n + w->cols[k]) * BLOCK);       \
-                        for (int q = 0; q + 1 < VECS_##S; q += 2) {                               \
-                            acc += g[q] * x[q];                                                   \
-                            acc2 += g[q + 1] * x[q + 1];                                          \
-                        }                                                                         \
-                    }                                                                             \
-                    acc += acc2;                                                                  \
-                    T sum = 0;                                                                    \
-                    for (int l = 0; l < LANES_##S; l++) sum += acc[l];                            \
-                    out[k] += sum;                                                                \
-                }                                                                                 \
+        const T *gsrc = (const T *)w->grad, *xsrc = (const T *)w->src;                            \
+        for (int64_t r = w->begin; r < w->end; r++) {                                             \
+            const int32_t kbegin = w->indptr[r], kend = w->indptr[r + 1];                         \
+            if (kbegin == kend) continue;                                                         \
+            vec_##S g[SDDMM_VECS_##S];                                                            \
+            for (int i = 0; i < group * VECS_##S; i++)                                            \
+                g[i] = ((const vec_##S *)(gsrc + ((b0 + i / VECS_##S) * m + r) * BLOCK))          \
+                    [i % VECS_##S];                                                               \
+            for (int32_t k = kbegin; k < kend; k++) {                                             \
+                const T *x = xsrc + (b0 * n + w->cols[k]) * BLOCK;                                \
+                vec_##S acc[SDDMM_ACCS] = {{0}};                                                  \
+                for (int i = 0; i < group * VECS_##S; i++)                                        \
+                    acc[i % SDDMM_ACCS] += g[i] *                                                 \
+                        ((const vec_##S *)(x + (i / VECS_##S) * n * BLOCK))[i % VECS_##S];        \
+                for (int a = 1; a < SDDMM_ACCS; a++) acc[0] += acc[a];                            \
+                T sum = 0;                                                                        \
+                for (int l = 0; l < LANES_##S; l++) sum += acc[0][l];                             \
+                out[k] += sum;                                                                    \
             }                                                                                     \
         }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* The sums accumulate over the token groups in a compact per-thread array in CSR order       \
+     * (L2-sized), then go to the dense gradient in one pass that also zeroes its rows: summing  \
+     * in the dense gradient itself touched a scattered cache line per non-zero and group,       \
+     * measured 1.5x slower at 4096 x 1024 and 2048 tokens. */                                    \
+    static void *sddmm_worker_##S(void *arg) {                                                    \
+        const work_t *w = (const work_t *)arg;                                                    \
+        const int64_t n = w->features, first = w->indptr[w->begin];                               \
+        const int64_t count = w->indptr[w->end] - first;                                          \
+        T *sums = calloc((size_t)(count > 0 ? count : 1), sizeof(T));                             \
+        if (!sums) return (void *)1;                                                              \
+        T *shifted = sums - first; /* indexed by the CSR position k */                            \
+        int64_t b0 = 0;                                                                           \
+        for (; b0 + SDDMM_GROUP_##S <= w->blocks; b0 += SDDMM_GROUP_##S)                          \
+            sddmm_rows_##S(w, b0, SDDMM_GROUP_##S, shifted);                                      \
+        for (; b0 < w->blocks; b0++) sddmm_rows_##S(w, b0, 1, shifted);                           \
+        T *grad = (T *)w->out;                                                                    \
+        for (int64_t r = w->begin; r < w->end; r++) {                                             \
+            T *row = grad + r * n;                                                                \
+            for (int64_t c = 0; c < n; c++) row[c] = 0;                                           \
+            for (int32_t k = w->indptr[r]; k < w->indptr[r + 1]; k++)                             \
+                row[w->cols[k]] = shifted[k];                                                     \
+        }                                                                                         \
+        free(sums);                                                                               \
         return 0;                                                                                 \
+    }                                                                                             \
+                                                                                                  \
+    /* out[k] = src[index[k]]: the non-zero values in CSR order, gathered from the dense W (or    \
+     * from the CSR-ordered values, in the order of W^T's CSR), about 5x faster than            \
+     * torch's index_select on one core. */                                                       \
+    void csx_gather_##S(const T *src, const int64_t *index, int64_t n, T *out) {                  \
+        for (int64_t k = 0; k < n; k++) out[k] = src[index[k]];                                   \
     }                                                                                             \
                                                                                                   \
     void csx_pack_##S(const T *x, int64_t tokens, int64_t features, T *xb, int threads) {         \
         const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
-        work_t proto = {0, 0, 0, 0, x, 0, xb, 0, 0, features, blocks, tokens, 0};                    \
+        const work_t proto = {.src = x, .out = xb, .features = features, .blocks = blocks,       \
+                              .tokens = tokens};                                                  \
         run_threads(pack_worker_##S, &proto, 0, blocks, threads);                                 \
     }                                                                                             \
                                                                                                   \
-    void csx_unpack_##S(const T *yb, int64_t tokens, int64_t features, T *y, int threads) {       \
-        const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
-        work_t proto = {0, 0, 0, 0, yb, 0, y, 0, 0, features, blocks, tokens, 0};                 \
-        run_threads(unpack_worker_##S, &proto, 0, blocks, threads);                               \
-    }                                                                                             \
-                                                                                                  \
     void csx_spmm_##S(const int32_t *indptr, const int32_t *cols, const T *vals, const T *bias,   \
-                      int64_t rows, int64_t features, const T *xb, int64_t blocks, T *yb,         \
+                      int64_t rows, int64_t features, const T *xb, int64_t tokens, T *y,          \
                       int threads) {                                                              \
-        work_t proto = {indptr, cols, vals, bias, xb, 0, yb, 0, 0, features, blocks, 0, rows};       \
+        const work_t proto = {.indptr = indptr, .cols = cols, .vals = vals, .bias = bias,         \
+                              .src = xb, .out = y, .features = features,                          \
+                              .blocks = (tokens + BLOCK - 1) / BLOCK, .tokens = tokens,           \
+                              .rows = rows};                                                      \
         run_threads(spmm_worker_##S, &proto, indptr, rows, threads);                              \
     }                                                                                             \
                                                                                                   \
-    void csx_sddmm_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,                  \
-                       int64_t features, const T *gb, const T *xb, int64_t blocks, T *out,        \
+    int csx_sddmm_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,                  \
+                       int64_t features, const T *gb, const T *xb, int64_t blocks, T *grad,       \
                        int threads) {                                                             \
-        work_t proto = {indptr, cols, 0, 0, xb, gb, out, 0, 0, features, blocks, 0, rows};           \
-        run_threads(sddmm_worker_##S, &proto, indptr, rows, threads);                             \
+        const work_t proto = {.indptr = indptr, .cols = cols, .src = xb, .grad = gb,              \
+                              .out = grad, .features = features, .blocks = blocks,                \
+                              .rows = rows};                                                      \
+        return run_threads(sddmm_worker_##S, &proto, indptr, rows, threads);                      \
     }
 
-DEFINE_KERNELS(float, f32)
-DEFINE_KERNELS(double, f64)
+DEFINE_KERNELS(float, f32, int32_t)
+DEFINE_KERNELS(double, f64, int64_t)

@@ -8,9 +8,15 @@ densities and two sizes, and fits
     csr:   t = o_csr   + tokens · (nnz · s_nnz + (in + out) · s_feature)
 
 (fixed call overhead, per multiply-accumulate, per non-zero, per activation element packed),
-each from the fastest of REPEATS runs.
+each from the fastest of REPEATS runs. With one thread the runs are timed in the calling
+thread's CPU time (everything runs on it): on a machine shared with other processes wall time
+made the rule flip between CSR and dense from one process to the next.
 The rule then compares the two predictions for the real shape, density and token count, so
-tiny layers and low sparsity stay dense without any hard-coded threshold.
+tiny layers and low sparsity stay dense without any hard-coded threshold. The same choice holds
+on a RigL/GraNet update step, which needs the dense weight gradient: CSR then runs its forward
+and input gradient plus the dense dYᵀX GEMM that the dense layer runs too; with the three CSR
+kernels at about the same cost per non-zero (bench/roofline.py) and the three GEMMs likewise,
+CSR is faster on an update step exactly where it is on an ordinary one.
 """
 
 from __future__ import annotations
@@ -83,16 +89,19 @@ def _probe(features: int, tokens: int, density: float | None, device: torch.devi
     return run
 
 
-def _fastest_times(probes: dict[str, Callable[[], None]]) -> dict[str, float]:
+def _fastest_times(probes: dict[str, Callable[[], None]], device: torch.device
+                   ) -> dict[str, float]:
     """Fastest of REPEATS runs per probe, the probes interleaved so that load from other
     processes hits all of them alike; the first round only warms up."""
+    on_this_thread = device.type == "cpu" and torch.get_num_threads() == 1
+    clock = time.thread_time if on_this_thread else time.perf_counter
     best = dict.fromkeys(probes, float("inf"))
     for round_index in range(REPEATS + 1):
         for name, run in probes.items():
-            start = time.perf_counter()
+            start = clock()
             run()
             if round_index:
-                best[name] = min(best[name], time.perf_counter() - start)
+                best[name] = min(best[name], clock() - start)
     return best
 
 
@@ -108,7 +117,7 @@ def _calibrate(device: torch.device, dtype: torch.dtype, threads: int,
         "csr_high": _probe(f, t, high, device, dtype, backend),
         "csr_low": _probe(f, t, low, device, dtype, backend),
         "csr_tiny": _probe(tiny_f, tiny_t, 0.5, device, dtype, backend),
-    })
+    }, device)
     s_mac = max(0.0, (times["dense_big"] - times["dense_tiny"])
                 / (t * f * f - tiny_t * tiny_f * tiny_f))
     dense_call = max(0.0, times["dense_tiny"] - tiny_t * tiny_f * tiny_f * s_mac)

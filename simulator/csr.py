@@ -4,9 +4,11 @@ The weight stays a dense ``nn.Parameter`` (so optimizers, sparsity algorithms an
 unchanged); a :class:`CSRStructure` built from the mask holds the CSR pattern of W and of Wᵀ plus
 the flat positions of the non-zeros, and every call gathers the current values (O(nnz)).
 
-- forward: Y = X Wᵀ by CSR SpMM, O(nnz · tokens);
-- backward: dX = dY W by CSR SpMM with Wᵀ (its pattern precomputed at rebuild), and dW only at
-  the non-zeros, ``dW[k] = Σ_t dY[t, row_k] · X[t, col_k]`` (a sampled product), O(nnz · tokens);
+A layout per direction (bench/roofline.py measures each against its bound):
+- forward: Y = X Wᵀ by CSR SpMM over the CSR of W, O(nnz · tokens);
+- backward: dX = dY W by CSR SpMM over the CSR of Wᵀ (built with W's at every mask change, its
+  values a gather from W's), and dW only at the non-zeros, ``dW[k] = Σ_t dY[t, row_k] ·
+  X[t, col_k]`` (a sampled dense-dense product over W's CSR), O(nnz · tokens);
 - ``dense_grad=True`` (a RigL/GraNet update step) returns the full ``dYᵀ X`` instead, exactly what
   the masked dense layer would have produced before the sparsity library masks it.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,9 +36,10 @@ BACKENDS = ("auto", "native", "torch")
 class CSRStructure:
     """CSR pattern of a boolean mask of shape (out_features, in_features), and of its transpose.
 
-    Index arrays are int32 (torch CSR and the C kernels both accept them); ``flat_index`` and
-    ``flat_index_t`` are the positions in ``weight.view(-1)`` of the non-zeros in CSR order of W
-    and of Wᵀ, so values are a gather from the dense parameter.
+    Index arrays are int32 (torch CSR and the C kernels both accept them); ``flat_index`` are
+    the positions in ``weight.view(-1)`` of the non-zeros in CSR order of W, so its values are
+    one gather from the dense parameter per call, and ``transpose_order`` the positions in that
+    gathered array of the non-zeros in CSR order of Wᵀ (a gather from L2-sized data).
     """
 
     shape: tuple[int, int]
@@ -44,7 +48,7 @@ class CSRStructure:
     flat_index: torch.Tensor
     indptr_t: torch.Tensor
     cols_t: torch.Tensor
-    flat_index_t: torch.Tensor
+    transpose_order: torch.Tensor
     build_ms: float
 
     @classmethod
@@ -55,21 +59,13 @@ class CSRStructure:
         if mask.numel() >= 2**31:
             raise ValueError(f"mask has {mask.numel()} elements; int32 CSR indices allow < 2**31")
         start = time.perf_counter()
-        out_features, in_features = mask.shape
-        rows, cols = mask.nonzero(as_tuple=True)             # row-major order = CSR order
-        cols_t_major, rows_t = mask.t().nonzero(as_tuple=True)  # column-major order = CSR of Wᵀ
-        structure = cls(
-            shape=(out_features, in_features),
-            indptr=_indptr(rows, out_features),
-            cols=cols.to(torch.int32),
-            flat_index=rows * in_features + cols,
-            indptr_t=_indptr(cols_t_major, in_features),
-            cols_t=rows_t.to(torch.int32),
-            flat_index_t=rows_t * in_features + cols_t_major,
-            build_ms=0.0,
-        )
-        object.__setattr__(structure, "build_ms", (time.perf_counter() - start) * 1e3)
-        return structure
+        kernels = load_kernels() if mask.device.type == "cpu" else None
+        if kernels is not None:
+            arrays = kernels.csr_from_mask(mask.contiguous())
+        else:
+            arrays = _csr_arrays(mask)
+        return cls(shape=tuple(mask.shape), **arrays,
+                   build_ms=(time.perf_counter() - start) * 1e3)
 
     @property
     def nnz(self) -> int:
@@ -82,6 +78,17 @@ class CSRStructure:
     def row_nnz(self) -> torch.Tensor:
         """Non-zeros per output row (what placement maps onto the PE grid)."""
         return (self.indptr[1:] - self.indptr[:-1]).to(torch.int64)
+
+
+def _csr_arrays(mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``KernelLibrary.csr_from_mask`` in torch ops (any device, slower)."""
+    out_features, in_features = mask.shape
+    rows, cols = mask.nonzero(as_tuple=True)             # row-major order = CSR order
+    transpose_order = torch.argsort(cols * out_features + rows)  # column-major = CSR of Wᵀ
+    return {"indptr": _indptr(rows, out_features), "cols": cols.to(torch.int32),
+            "flat_index": rows * in_features + cols,
+            "indptr_t": _indptr(cols[transpose_order], in_features),
+            "cols_t": rows[transpose_order].to(torch.int32), "transpose_order": transpose_order}
 
 
 def _indptr(sorted_rows: torch.Tensor, num_rows: int) -> torch.Tensor:
@@ -118,69 +125,91 @@ class CSRLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, structure: CSRStructure, dense_grad: bool, backend: str):
         backend, kernels = resolve_backend(backend, x)
-        in_features = structure.shape[1]
-        flat_weight = weight.detach().reshape(-1)
-        vals = flat_weight.index_select(0, structure.flat_index)
         ctx.structure, ctx.dense_grad, ctx.backend, ctx.kernels = (
             structure, dense_grad, backend, kernels)
-        ctx.tokens = x.shape[0]
         ctx.has_bias = bias is not None
-        keep_x = dense_grad or backend == "torch"
+        vals = weight_values(kernels, structure, weight.detach())
+        bias = None if bias is None else bias.detach()
         if backend == "native":
-            packed_x = kernels.pack(x.contiguous())
-            detached_bias = None if bias is None else bias.detach().contiguous()
-            y = kernels.spmm(structure.indptr, structure.cols, vals, detached_bias,
-                             in_features, packed_x, x.shape[0])
-            ctx.save_for_backward(weight, x if keep_x else None, packed_x)
-        else:
-            w_csr = _csr_tensor(structure.indptr, structure.cols, vals, structure.shape)
-            y = torch.sparse.mm(w_csr, x.t()).t()
-            if bias is not None:
-                y = y + bias.detach()
-            y = y.contiguous()
-            ctx.save_for_backward(weight, x, None)
-        return y
+            y, packed_x = native_forward(kernels, structure, vals, bias, x)
+            ctx.save_for_backward(vals, x if dense_grad else None, packed_x)
+            return y
+        w_csr = _csr_tensor(structure.indptr, structure.cols, vals, structure.shape)
+        y = torch.sparse.mm(w_csr, x.t()).t()
+        if bias is not None:
+            y = y + bias
+        ctx.save_for_backward(vals, x, None)
+        return y.contiguous()
 
     @staticmethod
     def backward(ctx, grad_y):
-        weight, x, packed_x = ctx.saved_tensors
+        vals, x, packed_x = ctx.saved_tensors
         structure: CSRStructure = ctx.structure
-        out_features, in_features = structure.shape
         grad_y = grad_y.contiguous()
-        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        sampled_w = need_w and not ctx.dense_grad
         grad_x = grad_w = grad_b = None
-        packed_grad = None
-        if ctx.backend == "native" and (need_x or (need_w and not ctx.dense_grad)):
-            packed_grad = ctx.kernels.pack(grad_y)
-        if need_x:
-            vals_t = weight.detach().reshape(-1).index_select(0, structure.flat_index_t)
-            if ctx.backend == "native":
-                grad_x = ctx.kernels.spmm(structure.indptr_t, structure.cols_t, vals_t, None,
-                                          out_features, packed_grad, ctx.tokens)
-            else:
+        if ctx.backend == "native":
+            packed_grad = (ctx.kernels.pack(grad_y, scratch=True) if need_x or sampled_w
+                           else None)
+            if need_x:
+                grad_x = native_input_grad(ctx.kernels, structure, vals, packed_grad,
+                                           grad_y.shape[0])
+            if sampled_w:
+                grad_w = native_weight_grad(ctx.kernels, structure, packed_grad, packed_x)
+        else:
+            if need_x:
+                vals_t = vals.index_select(0, structure.transpose_order)
                 wt_csr = _csr_tensor(structure.indptr_t, structure.cols_t, vals_t,
-                                     (in_features, out_features))
+                                     structure.shape[::-1])
                 grad_x = torch.sparse.mm(wt_csr, grad_y.t()).t()
-        if need_w:
-            if ctx.dense_grad:
-                grad_w = grad_y.t().mm(x)
-            else:
-                if ctx.backend == "native":
-                    values = ctx.kernels.sddmm(structure.indptr, structure.cols, in_features,
-                                               packed_grad, packed_x)
-                else:
-                    pattern = _csr_tensor(structure.indptr, structure.cols,
-                                          torch.zeros(structure.nnz, dtype=x.dtype,
-                                                      device=x.device), structure.shape)
-                    values = torch.sparse.sampled_addmm(pattern, grad_y.t(), x,
-                                                        beta=0.0).values()
-                grad_w = torch.zeros(out_features * in_features, dtype=values.dtype,
-                                     device=values.device)
-                grad_w.index_copy_(0, structure.flat_index, values)
-                grad_w = grad_w.view(out_features, in_features)
-        if need_b and ctx.needs_input_grad[2]:
+            if sampled_w:
+                pattern = _csr_tensor(structure.indptr, structure.cols,
+                                      torch.zeros(structure.nnz, dtype=x.dtype, device=x.device),
+                                      structure.shape)
+                values = torch.sparse.sampled_addmm(pattern, grad_y.t(), x, beta=0.0).values()
+                grad_w = torch.zeros(structure.shape[0] * structure.shape[1],
+                                     dtype=values.dtype, device=values.device)
+                grad_w = grad_w.index_copy_(0, structure.flat_index, values).view(structure.shape)
+        if need_w and ctx.dense_grad:
+            grad_w = grad_y.t().mm(x)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_y.sum(0)
         return grad_x, grad_w, grad_b, None, None, None
+
+
+def weight_values(kernels: KernelLibrary | None, structure: CSRStructure,
+                  weight: torch.Tensor) -> torch.Tensor:
+    """The non-zero values of W in CSR order (by the C gather where the kernels run)."""
+    if kernels is None:
+        return weight.reshape(-1).index_select(0, structure.flat_index)
+    return kernels.gather(weight.contiguous(), structure.flat_index)
+
+
+def native_forward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
+                   bias: torch.Tensor | None, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Y = X (W ⊙ mask)ᵀ + b by the C kernels, for the non-zero values `vals` of W in CSR
+    order; also returns X packed (the weight gradient reuses it)."""
+    packed_x = kernels.pack(x.contiguous())
+    y = kernels.spmm(structure.indptr, structure.cols, vals,
+                     None if bias is None else bias.contiguous(), structure.shape[1], packed_x,
+                     x.shape[0])
+    return y, packed_x
+
+
+def native_input_grad(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
+                      packed_grad: torch.Tensor, tokens: int) -> torch.Tensor:
+    """dX = dY (W ⊙ mask), by the CSR of Wᵀ over dY packed by ``kernels.pack``."""
+    vals_t = kernels.gather(vals, structure.transpose_order)
+    return kernels.spmm(structure.indptr_t, structure.cols_t, vals_t, None, structure.shape[0],
+                        packed_grad, tokens)
+
+
+def native_weight_grad(kernels: KernelLibrary, structure: CSRStructure,
+                       packed_grad: torch.Tensor, packed_x: torch.Tensor) -> torch.Tensor:
+    """dW = dYᵀ X at the mask's non-zeros, 0 elsewhere (a sampled dense-dense product)."""
+    return kernels.sddmm(structure.indptr, structure.cols, structure.shape[1], packed_grad,
+                         packed_x)
 
 
 def csr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -203,3 +232,21 @@ def csr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     x2d = x.reshape(-1, structure.shape[1])
     y = CSRLinearFunction.apply(x2d, weight, bias, structure, dense_grad, backend)
     return y.reshape(*leading, structure.shape[0])
+
+
+def native_kernel_calls(kernels: KernelLibrary, structure: CSRStructure, weight: torch.Tensor,
+                        x: torch.Tensor, grad_y: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """The three native kernel calls of one forward+backward, as closures (bench/roofline.py).
+
+    Packing an activation counts towards the kernel that first needs it (forward: X,
+    input_grad: dY); the weight gradient reuses both packs, as the autograd function does.
+    """
+    vals = weight_values(kernels, structure, weight)
+    packed_x, packed_grad = kernels.pack(x), kernels.pack(grad_y)
+    return {
+        "forward": lambda: native_forward(
+            kernels, structure, weight_values(kernels, structure, weight), None, x),
+        "input_grad": lambda: native_input_grad(
+            kernels, structure, vals, kernels.pack(grad_y, scratch=True), grad_y.shape[0]),
+        "weight_grad": lambda: native_weight_grad(kernels, structure, packed_grad, packed_x),
+    }

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -37,6 +38,8 @@ COMPILE_TIMEOUT_S = 120
 # Handing work to another thread costs microseconds, about this many multiply-adds: smaller
 # calls run on the calling thread alone.
 WORK_PER_EXTRA_THREAD = 1 << 18
+# Scratch pack buffers kept per thread (distinct shapes: about one per layer shape).
+SCRATCH_BUFFERS = 8
 SUFFIX_BY_DTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
 _build_lock = threading.Lock()
@@ -74,16 +77,22 @@ class KernelLibrary:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._scratch = threading.local()
         self._lib = ctypes.CDLL(str(path))
         self.block_tokens: int = self._lib.csx_block_tokens()
         ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self._lib.csx_mask_counts.argtypes = [ptr, i64, i64, ptr, ptr]
+        self._lib.csx_mask_fill.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
+        self._lib.csx_read_bandwidth_probe.argtypes = [ptr, i64, i64]
+        self._lib.csx_read_bandwidth_probe.restype = ctypes.c_float
         for suffix in SUFFIX_BY_DTYPE.values():
             getattr(self._lib, f"csx_pack_{suffix}").argtypes = [ptr, i64, i64, ptr, i32]
-            getattr(self._lib, f"csx_unpack_{suffix}").argtypes = [ptr, i64, i64, ptr, i32]
+            getattr(self._lib, f"csx_gather_{suffix}").argtypes = [ptr, ptr, i64, ptr]
             getattr(self._lib, f"csx_spmm_{suffix}").argtypes = [
                 ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32]
             getattr(self._lib, f"csx_sddmm_{suffix}").argtypes = [
                 ptr, ptr, i64, i64, ptr, ptr, i64, ptr, i32]
+            getattr(self._lib, f"csx_sddmm_{suffix}").restype = ctypes.c_int
 
     @staticmethod
     def threads_for(work: int) -> int:
@@ -96,43 +105,104 @@ class KernelLibrary:
     def _fn(self, name: str, dtype: torch.dtype):
         return getattr(self._lib, f"csx_{name}_{SUFFIX_BY_DTYPE[dtype]}")
 
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded."""
+    def gather(self, source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """source.view(-1)[index] for a contiguous source and an int64 index."""
+        out = torch.empty(index.numel(), dtype=source.dtype)
+        self._fn("gather", source.dtype)(source.data_ptr(), index.data_ptr(), index.numel(),
+                                         out.data_ptr())
+        return out
+
+    def pack(self, x: torch.Tensor, scratch: bool = False,
+             threads: int | None = None) -> torch.Tensor:
+        """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded.
+
+        scratch=True packs into this thread's reusable buffer of that shape, valid until its
+        next scratch pack of the same shape: for a pack used only within one call (the
+        upstream gradient in backward). Fresh pages cost more than the pack itself on some
+        machines (first-touch faults, measured 2x at 8 MiB on a 2-core VM)."""
         tokens, features = x.shape
         blocks = -(-tokens // self.block_tokens)
-        packed = torch.empty(blocks, features, self.block_tokens, dtype=x.dtype)
+        shape = (blocks, features, self.block_tokens)
+        if scratch:
+            buffers = self._scratch.__dict__.setdefault("buffers", {})
+            packed = buffers.get((shape, x.dtype))
+            if packed is None:
+                if len(buffers) >= SCRATCH_BUFFERS:
+                    buffers.pop(next(iter(buffers)))  # oldest shape first
+                packed = buffers[(shape, x.dtype)] = torch.empty(shape, dtype=x.dtype)
+        else:
+            packed = torch.empty(shape, dtype=x.dtype)
         self._fn("pack", x.dtype)(x.data_ptr(), tokens, features, packed.data_ptr(),
-                                  self.threads_for(x.numel()))
+                                  threads or self.threads_for(x.numel()))
         return packed
 
     def spmm(self, indptr: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor,
              bias: torch.Tensor | None, in_features: int, packed_x: torch.Tensor,
-             tokens: int) -> torch.Tensor:
+             tokens: int, threads: int | None = None) -> torch.Tensor:
         """Y = X Aᵀ (+ bias), token-major [tokens, rows], for the CSR matrix A = (indptr, cols,
-        vals) and X packed by :meth:`pack` from `tokens` tokens."""
+        vals) and X packed by :meth:`pack` from `tokens` tokens. `threads` overrides the
+        count chosen from the work (tests use it to split small problems)."""
         rows = indptr.numel() - 1
-        blocks = packed_x.shape[0]
-        packed_y = torch.empty(blocks, rows, self.block_tokens, dtype=packed_x.dtype)
+        out = torch.empty(tokens, rows, dtype=packed_x.dtype)
         self._fn("spmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), vals.data_ptr(),
             None if bias is None else bias.data_ptr(), rows, in_features,
-            packed_x.data_ptr(), blocks, packed_y.data_ptr(),
-            self.threads_for(cols.numel() * blocks * self.block_tokens))
-        out = torch.empty(tokens, rows, dtype=packed_x.dtype)
-        self._fn("unpack", packed_x.dtype)(packed_y.data_ptr(), tokens, rows, out.data_ptr(),
-                                           self.threads_for(out.numel()))
+            packed_x.data_ptr(), tokens, out.data_ptr(),
+            threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
         return out
 
+    def csr_from_mask(self, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """CSR arrays of a contiguous 2-D bool CPU mask and of its transpose (the fields of
+        ``simulator.csr.CSRStructure``), in two passes over the mask."""
+        rows, n_cols = mask.shape
+        row_counts = torch.empty(rows, dtype=torch.int32)
+        col_counts = torch.empty(n_cols, dtype=torch.int32)
+        self._lib.csx_mask_counts(mask.data_ptr(), rows, n_cols, row_counts.data_ptr(),
+                                  col_counts.data_ptr())
+        indptr, indptr_t = _prefix_sum(row_counts), _prefix_sum(col_counts)
+        nnz = int(indptr[-1])
+        arrays = {"indptr": indptr, "cols": torch.empty(nnz, dtype=torch.int32),
+                  "flat_index": torch.empty(nnz, dtype=torch.int64), "indptr_t": indptr_t,
+                  "cols_t": torch.empty(nnz, dtype=torch.int32),
+                  "transpose_order": torch.empty(nnz, dtype=torch.int64)}
+        if self._lib.csx_mask_fill(mask.data_ptr(), rows, n_cols, indptr.data_ptr(),
+                                   *(arrays[k].data_ptr() for k in ("cols", "flat_index")),
+                                   indptr_t.data_ptr(),
+                                   *(arrays[k].data_ptr() for k in ("cols_t", "transpose_order"))):
+            raise MemoryError("csx_mask_fill: out of memory")
+        return arrays
+
+    def read_gb_s(self, nbytes: int, reps: int = 200) -> float:
+        """Read bandwidth (GB/s, one thread, best of 5) over a buffer of `nbytes`: sized to fit L2
+        it measures what streams a vector per FMA from L2 to the cores."""
+        buffer = torch.ones(max(64, nbytes // 4))
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            self._lib.csx_read_bandwidth_probe(buffer.data_ptr(), buffer.numel(), reps)
+            best = min(best, time.perf_counter() - start)
+        return buffer.numel() * 4 * reps / best / 1e9
+
     def sddmm(self, indptr: torch.Tensor, cols: torch.Tensor, in_features: int,
-              packed_grad: torch.Tensor, packed_x: torch.Tensor) -> torch.Tensor:
-        """Values of Gᵀ X at the non-zeros of (indptr, cols), in CSR order."""
+              packed_grad: torch.Tensor, packed_x: torch.Tensor,
+              threads: int | None = None) -> torch.Tensor:
+        """Gᵀ X at the non-zeros of the CSR pattern (indptr, cols), 0 elsewhere: a dense
+        [rows, in_features] tensor, for G and X packed by :meth:`pack`."""
         rows = indptr.numel() - 1
-        out = torch.empty(cols.numel(), dtype=packed_x.dtype)
-        self._fn("sddmm", packed_x.dtype)(
+        out = torch.empty(rows, in_features, dtype=packed_x.dtype)
+        failed = self._fn("sddmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), rows, in_features, packed_grad.data_ptr(),
             packed_x.data_ptr(), packed_x.shape[0], out.data_ptr(),
-            self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
+            threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
+        if failed:
+            raise MemoryError(f"csx_sddmm: no memory for the sums of {cols.numel()} non-zeros")
         return out
+
+
+def _prefix_sum(counts: torch.Tensor) -> torch.Tensor:
+    indptr = torch.zeros(counts.numel() + 1, dtype=torch.int32)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    return indptr
 
 
 @functools.cache

@@ -86,7 +86,7 @@ def test_structure_holds_both_orientations():
     assert s.flat_index.tolist() == [0, 2, 7, 8]
     assert s.indptr_t.tolist() == [0, 1, 2, 4]
     assert s.cols_t.tolist() == [0, 2, 0, 2]
-    assert s.flat_index_t.tolist() == [0, 7, 2, 8]
+    assert s.transpose_order.tolist() == [0, 2, 1, 3]  # Wᵀ's non-zeros in W's CSR order
     assert s.nnz == 4 and s.density == pytest.approx(4 / 9)
     assert s.row_nnz().tolist() == [2, 0, 2]
 

@@ -1,0 +1,195 @@
+"""Roofline of the fabric's CSR kernels: useful GFLOP/s of each one against its bound.
+
+Measured on this machine, per weight shape, token count, sparsity and thread count:
+  dense GEMM   torch.mm for the three products of a linear layer (X Wᵀ, dY W, dYᵀ X); its
+               GFLOP/s is the compute bound (the rate this CPU reaches per multiply-add)
+  forward      Y = X Wᵀ through the CSR kernels (activation packing included)
+  input grad   dX = dY W through the CSR of Wᵀ (packing of dY included)
+  weight grad  dW at the non-zeros only (sampled dense-dense product)
+Useful FLOPs are 2 · tokens · nnz per kernel. Bounds, as times:
+  compute  useful FLOPs at the dense GEMM's rate
+  memory   the least traffic the kernel needs (activations in and out once, the CSR pattern and
+           values once) at the measured DRAM copy bandwidth
+  L2       every non-zero streaming its tokens' activations (tokens · 4 bytes) at the measured
+           L2 read bandwidth (per core, times the threads): the ceiling of a kernel that loads
+           one activation vector per vector FMA, as a sparse row times a dense tile does when
+           the tile lives in L2 (0.5 FLOP per byte)
+"of bound" is the largest of the three over the measured time (1.0 = at the roofline).
+Times are the fastest of --reps runs, all functions of a case interleaved so that load from
+other processes hits them alike; with one thread they are the calling thread's CPU time
+(everything runs on it), which a machine shared with other work disturbs far less than wall
+time; with more threads, wall time.
+Writes bench/results/roofline.json.
+
+    python bench/roofline.py [--quick] [--threads 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+
+from simulator.csr import CSRStructure, native_kernel_calls  # noqa: E402
+from simulator.native import load_kernels  # noqa: E402
+
+SHAPES = [(1024, 1024), (4096, 1024)]
+TOKENS = [512, 2048]
+SPARSITIES = [0.9, 0.97]
+KERNELS = ("forward", "input_grad", "weight_grad")
+BYTES = 4  # float32
+L2_PROBE_BYTES = 512 * 1024  # past any L1, within any L2 of a machine with AVX2
+RESULTS = Path(__file__).resolve().parent / "results" / "roofline.json"
+
+
+def clock() -> float:
+    """CPU time of this thread when torch runs on it alone, else wall time (seconds)."""
+    return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
+
+
+def fastest_ms(fns: dict, reps: int) -> dict[str, float]:
+    """Fastest ms per function, interleaved so that load from other processes hits all alike."""
+    for fn in fns.values():
+        fn()
+    samples = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = clock()
+            fn()
+            samples[name].append((clock() - start) * 1e3)
+    return {name: min(v) for name, v in samples.items()}
+
+
+def dram_gb_s(reps: int) -> float:
+    """DRAM copy bandwidth: bytes read + written per second copying 128 MiB."""
+    src = torch.empty(1 << 25)
+    src.uniform_()
+    dst = torch.empty_like(src)
+    copy_ms = fastest_ms({"copy": lambda: dst.copy_(src)}, reps)["copy"]
+    return 2 * src.numel() * BYTES / copy_ms / 1e6
+
+
+def traffic_bytes(kernel: str, out_f: int, in_f: int, tokens: int, nnz: int) -> int:
+    """Least bytes a kernel moves to or from memory: activations once each way, the CSR once."""
+    pattern = nnz * 4 + (out_f + 1) * 4
+    if kernel == "forward":       # read X, the values and the pattern; write Y
+        return (tokens * in_f + tokens * out_f + nnz) * BYTES + pattern
+    if kernel == "input_grad":    # read dY, the values and the pattern of Wᵀ; write dX
+        return (tokens * out_f + tokens * in_f + nnz) * BYTES + (nnz + in_f + 1) * 4
+    return (tokens * out_f + tokens * in_f + nnz) * BYTES + pattern  # read dY, X; write dW[nnz]
+
+
+def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s, kernels) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(out_f, in_f, generator=gen)
+    x = torch.randn(tokens, in_f, generator=gen)
+    grad_y = torch.randn(tokens, out_f, generator=gen)
+    dense_flops = 2 * tokens * out_f * in_f
+    dense = fastest_ms({"forward": lambda: x.mm(weight.t()),
+                       "input_grad": lambda: grad_y.mm(weight),
+                       "weight_grad": lambda: grad_y.t().mm(x)}, reps)
+    dense_gflops = {k: dense_flops / ms / 1e6 for k, ms in dense.items()}
+    rows = []
+    for sparsity in SPARSITIES:
+        mask = torch.rand(out_f, in_f, generator=gen) >= sparsity
+        structure = CSRStructure.from_mask(mask)
+        nnz = structure.nnz
+        calls = native_kernel_calls(kernels, structure, weight, x, grad_y)
+        times = fastest_ms(calls, reps)
+        for kernel in KERNELS:
+            flops = 2 * tokens * nnz
+            gflops = flops / times[kernel] / 1e6
+            traffic = traffic_bytes(kernel, out_f, in_f, tokens, nnz)
+            compute_ms = flops / dense_gflops[kernel] / 1e6
+            memory_ms = traffic / bandwidth / 1e6
+            l2_ms = nnz * tokens * BYTES / (l2_gb_s * threads) / 1e6
+            bounds = {"compute": compute_ms, "memory": memory_ms, "l2": l2_ms}
+            bound = max(bounds, key=bounds.get)
+            bound_ms = bounds[bound]
+            rows.append({
+                "shape": [out_f, in_f], "tokens": tokens, "threads": threads,
+                "sparsity": sparsity, "nnz": nnz, "kernel": kernel,
+                "dense_gemm_ms": dense[kernel], "dense_gemm_gflops": dense_gflops[kernel],
+                "csr_ms": times[kernel], "csr_gflops": gflops,
+                "fraction_of_dense_rate": gflops / dense_gflops[kernel],
+                "traffic_mb": traffic / 1e6, "compute_bound_ms": compute_ms,
+                "memory_bound_ms": memory_ms, "l2_bound_ms": l2_ms, "bound_ms": bound_ms,
+                "bound": bound,
+                "fraction_of_bound": bound_ms / times[kernel], "speedup_vs_dense_gemm": dense[kernel] / times[kernel]})
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    print(f"{'t':>2} {'shape':>10} {'tok':>5} {'sp':>5} {'kernel':>11} {'dense GF/s':>10} "
+          f"{'csr GF/s':>9} {'of dense':>8} {'MB':>6} {'bound ms':>9} {'csr ms':>8} "
+          f"{'bound':>7} {'of bound':>8} {'x dense':>7}")
+    for r in rows:
+        print(f"{r['threads']:>2} {r['shape'][0]:>5}x{r['shape'][1]:<4} {r['tokens']:>5} "
+              f"{r['sparsity']:>5.2f} {r['kernel']:>11} {r['dense_gemm_gflops']:>10.1f} "
+              f"{r['csr_gflops']:>9.1f} {r['fraction_of_dense_rate']:>8.2f} "
+              f"{r['traffic_mb']:>6.1f} {r['bound_ms']:>9.3f} {r['csr_ms']:>8.3f} "
+              f"{r['bound']:>7} {r['fraction_of_bound']:>8.2f} "
+              f"{r['speedup_vs_dense_gemm']:>7.2f}", flush=True)
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per kernel: the lowest and median fraction of the dense GEMM's rate and of the bound."""
+    out = {}
+    for kernel in KERNELS:
+        mine = [r for r in rows if r["kernel"] == kernel]
+        dense_fraction = sorted(r["fraction_of_dense_rate"] for r in mine)
+        bound_fraction = sorted(r["fraction_of_bound"] for r in mine)
+        out[f"{kernel}_min_fraction_of_dense_rate"] = dense_fraction[0]
+        out[f"{kernel}_median_fraction_of_dense_rate"] = dense_fraction[len(mine) // 2]
+        out[f"{kernel}_median_fraction_of_bound"] = bound_fraction[len(mine) // 2]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="512 tokens only, fewer repeats")
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    kernels = load_kernels()
+    if kernels is None:
+        raise SystemExit("the native CSR kernels did not build; nothing to put on a roofline")
+    reps = args.reps or (3 if args.quick else 9)
+    tokens_list = [512] if args.quick else TOKENS
+    l2_gb_s = kernels.read_gb_s(L2_PROBE_BYTES)
+    rows, bandwidth_by_threads = [], {}
+    for threads in [int(t) for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        bandwidth = dram_gb_s(reps)
+        bandwidth_by_threads[threads] = bandwidth
+        print(f"{threads} thread(s): DRAM copy {bandwidth:.1f} GB/s, L2 read {l2_gb_s:.1f} GB/s "
+              "per core", flush=True)
+        for out_f, in_f in SHAPES:
+            for tokens in tokens_list:
+                shape_rows = bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s,
+                                         kernels)
+                print_rows(shape_rows)
+                rows.extend(shape_rows)
+    result = summary(rows)
+    for key, value in result.items():
+        print(f"{key}: {value:.2f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "machine": {"processor": platform.processor() or platform.machine(),
+                    "torch": torch.__version__, "kernels": str(kernels.path.name)},
+        "quick": args.quick, "reps": reps, "dram_copy_gb_s": bandwidth_by_threads,
+        "l2_read_gb_s_per_core": l2_gb_s,
+        **result, "rows": rows}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Property tests of the C kernels and csr_linear against dense torch over random problems.
+
+Shapes cross the kernels' internal tile sizes (a vector's lanes, the 64-token block), masks
+include empty rows and columns, and the kernels are run split over several threads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.csr import CSRStructure, _csr_arrays, csr_linear
+from simulator.native import load_kernels
+
+KERNELS = load_kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason="the C kernels did not build")
+
+# Sizes around the lanes of a vector (8 or 16 floats) and the 64-token block.
+SIZES = st.one_of(st.integers(1, 40), st.sampled_from([15, 16, 17, 32, 48, 63, 64, 65, 80]))
+TOKENS = st.one_of(st.integers(1, 140), st.sampled_from([63, 64, 65, 128, 129]))
+DENSITIES = st.sampled_from([0.0, 0.03, 0.2, 0.6, 1.0])
+DTYPES = st.sampled_from([torch.float32, torch.float64])
+
+
+def random_mask(out_features, in_features, density, empty_rows, empty_cols, seed):
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.rand(out_features, in_features, generator=generator) < density
+    mask[torch.randperm(out_features, generator=generator)[:empty_rows]] = False
+    mask[:, torch.randperm(in_features, generator=generator)[:empty_cols]] = False
+    return mask
+
+
+def tolerance(dtype):
+    return dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
+
+
+problems = st.fixed_dictionaries({
+    "out_features": SIZES, "in_features": SIZES, "tokens": TOKENS, "density": DENSITIES,
+    "empty_rows": st.integers(0, 5), "empty_cols": st.integers(0, 5),
+    "dtype": DTYPES, "seed": st.integers(0, 2**16), "threads": st.integers(1, 5),
+})
+
+
+def build(p):
+    mask = random_mask(p["out_features"], p["in_features"], p["density"], p["empty_rows"],
+                       p["empty_cols"], p["seed"])
+    generator = torch.Generator().manual_seed(p["seed"] + 1)
+    weight = torch.randn(mask.shape, generator=generator, dtype=p["dtype"]) * mask
+    x = torch.randn(p["tokens"], p["in_features"], generator=generator, dtype=p["dtype"])
+    grad_y = torch.randn(p["tokens"], p["out_features"], generator=generator, dtype=p["dtype"])
+    bias = torch.randn(p["out_features"], generator=generator, dtype=p["dtype"])
+    return mask, weight, x, grad_y, bias
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems)
+def test_kernels_match_dense_products_for_any_thread_split(p):
+    mask, weight, x, grad_y, bias = build(p)
+    s = CSRStructure.from_mask(mask)
+    threads, tokens = p["threads"], p["tokens"]
+    vals = KERNELS.gather(weight, s.flat_index)
+    packed_x = KERNELS.pack(x, threads=threads)
+    packed_grad = KERNELS.pack(grad_y, threads=threads)
+    y = KERNELS.spmm(s.indptr, s.cols, vals, bias, s.shape[1], packed_x, tokens, threads=threads)
+    torch.testing.assert_close(y, x @ weight.t() + bias, **tolerance(p["dtype"]))
+    vals_t = KERNELS.gather(vals, s.transpose_order)
+    grad_x = KERNELS.spmm(s.indptr_t, s.cols_t, vals_t, None, s.shape[0], packed_grad, tokens,
+                          threads=threads)
+    torch.testing.assert_close(grad_x, grad_y @ weight, **tolerance(p["dtype"]))
+    grad_w = KERNELS.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x, threads=threads)
+    torch.testing.assert_close(grad_w, (grad_y.t() @ x) * mask, **tolerance(p["dtype"]))
+    assert not grad_w[~mask].any(), "the sampled weight gradient is exactly 0 off the mask"
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems)
+def test_csr_linear_matches_masked_dense_autograd(p):
+    mask, weight, x, grad_y, bias = build(p)
+    structure = CSRStructure.from_mask(mask)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(min(p["threads"], 2))
+    try:
+        leaves = [t.clone().requires_grad_(True) for t in (x, weight, bias)]
+        y = csr_linear(*leaves, structure, backend="native")
+        y.backward(grad_y)
+        ref = [t.clone().requires_grad_(True) for t in (x, weight, bias)]
+        y_ref = F.linear(ref[0], ref[1] * mask, ref[2])
+        y_ref.backward(grad_y)
+    finally:
+        torch.set_num_threads(previous)
+    tol = tolerance(p["dtype"])
+    torch.testing.assert_close(y, y_ref, **tol)
+    torch.testing.assert_close(leaves[0].grad, ref[0].grad, **tol)
+    torch.testing.assert_close(leaves[1].grad, ref[1].grad, **tol)  # masked: 0 off the mask
+    torch.testing.assert_close(leaves[2].grad, ref[2].grad, **tol)
+
+
+@settings(max_examples=30, deadline=None)
+@given(tokens=TOKENS, features=SIZES, threads=st.integers(1, 4), dtype=DTYPES)
+def test_pack_is_the_zero_padded_token_blocked_layout(tokens, features, threads, dtype):
+    x = torch.randn(tokens, features, dtype=dtype)
+    block = KERNELS.block_tokens
+    blocks = -(-tokens // block)
+    padded = torch.zeros(blocks * block, features, dtype=dtype)
+    padded[:tokens] = x
+    expected = padded.view(blocks, block, features).transpose(1, 2)
+    assert torch.equal(KERNELS.pack(x, threads=threads), expected)
+
+
+def test_scratch_pack_reuses_one_buffer_per_shape_and_fresh_packs_do_not():
+    a, b = torch.randn(70, 24), torch.randn(70, 24)
+    first = KERNELS.pack(a, scratch=True)
+    first_copy = first.clone()
+    second = KERNELS.pack(b, scratch=True)
+    assert second.data_ptr() == first.data_ptr()
+    assert torch.equal(second, KERNELS.pack(b)) and not torch.equal(second, first_copy)
+    fresh = KERNELS.pack(a)
+    KERNELS.pack(b, scratch=True)
+    assert torch.equal(fresh, first_copy), "a fresh pack is never overwritten by a scratch pack"
+
+
+@given(n=st.integers(0, 500), seed=st.integers(0, 100))
+@settings(max_examples=20, deadline=None)
+def test_gather_equals_index_select(n, seed):
+    generator = torch.Generator().manual_seed(seed)
+    source = torch.randn(37, 11, generator=generator)
+    index = torch.randint(0, source.numel(), (n,), generator=generator)
+    assert torch.equal(KERNELS.gather(source, index), source.view(-1).index_select(0, index))
+
+
+@settings(max_examples=40, deadline=None)
+@given(out_features=st.integers(0, 70), in_features=st.integers(0, 70), density=DENSITIES,
+       empty_rows=st.integers(0, 5), empty_cols=st.integers(0, 5), seed=st.integers(0, 2**16))
+def test_structure_built_in_c_equals_the_torch_build(out_features, in_features, density,
+                                                    empty_rows, empty_cols, seed):
+    mask = random_mask(out_features, in_features, density, empty_rows, empty_cols, seed)
+    built = CSRStructure.from_mask(mask)
+    for name, expected in _csr_arrays(mask).items():
+        assert torch.equal(getattr(built, name).to(expected.dtype), expected), name
+    # Both orientations describe the same mask.
+    rebuilt = torch.zeros(in_features, out_features, dtype=torch.bool)
+    rows_t = torch.repeat_interleave(torch.arange(in_features), built.indptr_t.diff().long())
+    rebuilt[rows_t, built.cols_t.long()] = True
+    assert torch.equal(rebuilt, mask.t())

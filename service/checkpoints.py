@@ -1,5 +1,6 @@
-"""Which files a REST job may read or write: checkpoints of jobs its owner can see, and a
-model_dir inside the job's own folder.
+"""Which files a REST job may read or write: checkpoints of jobs its owner can see, tokenizer
+files under the allowed data roots or in such a job's folder, and a model_dir inside the job's
+own folder.
 
 A job starts from (or evaluates) a checkpoint named by job id, `checkpoint: {job: 12, step: 50}`
 (newest step when `step` is left out), or by a path in `runconfig.checkpoint_path` that lies in
@@ -11,7 +12,7 @@ nothing about what exists outside what the caller may see.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,14 +77,59 @@ def resolve_checkpoint(session: Session, caller: Caller, runs_dir: Path,
     refusal = (where, "must name a checkpoint of a job you can see, as runs/job-<id>/model/"
                       "checkpoint_<step>.mdl (or use `checkpoint: {job: <id>, step: <step>}`)")
     resolved = resolve_path(raw_path, runs_dir) if isinstance(raw_path, str) else None
-    root = runs_dir.resolve()
-    if resolved is None or not is_within(resolved, root) or resolved == root:
-        return None, [*problems, refusal]
-    folder = JOB_FOLDER.match(resolved.relative_to(root).parts[0])
-    if folder is None or not can_see(session, caller, int(folder.group(1))) \
+    if resolved is None or not in_visible_job(session, caller, runs_dir, resolved) \
             or not resolved.is_file():
         return None, [*problems, refusal]
     return str(resolved), problems
+
+
+def in_visible_job(session: Session, caller: Caller, runs_dir: Path, path: Path) -> bool:
+    """Whether the resolved `path` lies inside the folder of a job the caller can see."""
+    root = runs_dir.resolve()
+    if not is_within(path, root) or path == root:
+        return False
+    folder = JOB_FOLDER.match(path.relative_to(root).parts[0])
+    return folder is not None and can_see(session, caller, int(folder.group(1)))
+
+
+def readable_file(session: Session, caller: Caller, runs_dir: Path, data_roots: Sequence[Path],
+                  raw: Any) -> str | None:
+    """`raw` as the absolute path of a file the caller may read (under an allowed data root or
+    in a job folder the caller can see), or None: missing, forbidden and malformed are one
+    answer, so a refusal says nothing about what exists on the host."""
+    resolved = resolve_path(raw) if isinstance(raw, str) else None
+    if resolved is None:
+        return None
+    roots = [root for root in map(resolve_path, map(str, data_roots)) if root is not None]
+    allowed = any(is_within(resolved, root) for root in roots) \
+        or in_visible_job(session, caller, runs_dir, resolved)
+    return str(resolved) if allowed and resolved.is_file() else None
+
+
+TOKENIZER_FILES = ("vocab_file", "merges_file")
+
+
+def resolve_tokenizer_files(session: Session, caller: Caller, runs_dir: Path,
+                            data_roots: Sequence[Path], params: Mapping[str, Any]
+                            ) -> tuple[dict[str, str], list[Problem]]:
+    """model.tokenizer's files as absolute paths the worker opens, or the problems refusing
+    them (one message for missing and forbidden, as for checkpoints)."""
+    model = params.get("model")
+    tokenizer = model.get("tokenizer") if isinstance(model, Mapping) else None
+    if not isinstance(tokenizer, Mapping):
+        return {}, []
+    files, problems = {}, []
+    for key in TOKENIZER_FILES:
+        if tokenizer.get(key) is None:
+            continue
+        found = readable_file(session, caller, runs_dir, data_roots, tokenizer[key])
+        if found is None:
+            problems.append((("params", "model", "tokenizer", key),
+                             "must name a file you may read: one under the allowed data roots "
+                             "or in the folder of a job you can see"))
+        else:
+            files[key] = found
+    return files, problems
 
 
 def _model_dir_problems(model_dir: Any) -> list[Problem]:

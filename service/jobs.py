@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from service import crud
-from service.checkpoints import resolve_checkpoint
+from service.checkpoints import resolve_checkpoint, resolve_tokenizer_files
 from service.crud import Caller
 from service.models import Job
 from service.preflight import Problem, check_params
@@ -29,15 +30,26 @@ def resolve_num_csx(options: RunOptions, spec: JobSpec) -> int:
     return options.num_csx if options.num_csx is not None else spec.runconfig.num_csx
 
 
+@dataclass(frozen=True)
+class ResolvedFiles:
+    """The files a checked submission reads, as the absolute paths its worker opens."""
+
+    checkpoint: str | None = None
+    tokenizer: dict[str, str] = field(default_factory=dict)  # vocab_file / merges_file
+
+
 def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
-                     session: Session, caller: Caller) -> str | None:
+                     session: Session, caller: Caller) -> ResolvedFiles:
     """The torch-free checks that need the service's settings, the database and the caller;
-    raises SubmissionError. Returns the checkpoint file the job starts from, if any."""
+    raises SubmissionError. Returns the files the job reads (checkpoint, tokenizer)."""
     params = spec.model_dump()
     problems = [(("params", *loc), msg) for loc, msg in
                 check_params(params, allowed_data_roots=settings.allowed_data_roots)]
     checkpoint, refused = resolve_checkpoint(session, caller, settings.runs_dir,
                                              options.checkpoint, params)
+    problems += refused
+    tokenizer, refused = resolve_tokenizer_files(session, caller, settings.runs_dir,
+                                                 settings.allowed_data_roots, params)
     problems += refused
     num_csx = resolve_num_csx(options, spec)
     if num_csx > settings.cluster_size:
@@ -50,17 +62,18 @@ def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
                          f"over num_csx={num_csx}"))
     if problems:
         raise SubmissionError(problems)
-    return checkpoint
+    return ResolvedFiles(checkpoint, tokenizer)
 
 
 def job_fields(options: RunOptions, spec: JobSpec, *, name: str | None,
-               checkpoint: str | None = None) -> dict[str, Any]:
+               files: ResolvedFiles = ResolvedFiles()) -> dict[str, Any]:
     """Job columns for a checked submission; unset options fall back to the params' runconfig.
-    `checkpoint` is check_submission's answer: the file the worker reads."""
+    `files` is check_submission's answer: the paths the worker reads replace the user's."""
     runconfig = spec.runconfig
     params = spec.model_dump(mode="json")
-    if checkpoint is not None:
-        params["runconfig"]["checkpoint_path"] = checkpoint
+    if files.checkpoint is not None:
+        params["runconfig"]["checkpoint_path"] = files.checkpoint
+    params["model"]["tokenizer"].update(files.tokenizer)
     return {
         "name": name or f"{runconfig.mlflow_experiment}-{spec.model.preset or 'custom'}",
         "experiment": options.experiment or runconfig.mlflow_experiment,

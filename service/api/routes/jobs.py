@@ -19,6 +19,7 @@ from service.api.body import (
 )
 from service.api.deps import CurrentUser, OwnedJob, SchedulerDep, SessionDep, SettingsDep
 from service.jobs import (
+    ResolvedFiles,
     SubmissionError,
     check_submission,
     job_fields,
@@ -44,7 +45,7 @@ IdempotencyKeyHeader = Annotated[
 ]
 
 
-Parsed = tuple[dict[str, Any], JobCreate, str | None]  # body, schema, checkpoint file
+Parsed = tuple[dict[str, Any], JobCreate, ResolvedFiles]  # body, schema, files it reads
 
 
 async def _parse_job(request: Request, settings: SettingsDep, session: SessionDep,
@@ -52,11 +53,11 @@ async def _parse_job(request: Request, settings: SettingsDep, session: SessionDe
     data = nest_params(await read_mapping(request), JobCreate)
     job_in = validate(JobCreate, data)
     try:
-        checkpoint = check_submission(job_in, job_in.params, settings, session=session,
-                                      caller=user)
+        files = check_submission(job_in, job_in.params, settings, session=session,
+                                 caller=user)
     except SubmissionError as err:
         raise unprocessable(err.problems) from None
-    return data, job_in, checkpoint
+    return data, job_in, files
 
 
 # Validation builds a model with torch (up to seconds): its handler is a plain function so that
@@ -73,14 +74,14 @@ async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
                      idempotency_key: IdempotencyKeyHeader = None) -> Response:
     # Async on purpose: its few SQLite writes then run one at a time on the event loop, which
     # measured faster than thread-pool handlers contending for SQLite's write lock.
-    data, job_in, checkpoint = await _parse_job(request, settings, session, user)
+    data, job_in, files = await _parse_job(request, settings, session, user)
     body_hash = crud.request_hash(data)
     if idempotency_key is not None:
         replay = _replay(session, user, idempotency_key, body_hash)
         if replay is not None:
             return replay
     job = crud.add_job(session, owner=user, **job_fields(job_in, job_in.params, name=job_in.name,
-                                                         checkpoint=checkpoint))
+                                                         files=files))
     public = job_public(session, job, user.name, settings)
     if idempotency_key is not None:
         session.add(IdempotencyKey(owner_id=user.id, key=idempotency_key, request_hash=body_hash,

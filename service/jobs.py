@@ -15,6 +15,7 @@ from service.models import Job
 from service.preflight import Problem, check_params
 from service.schemas import JobDetail, JobPublic, RunOptions
 from service.settings import Settings
+from workers import memory
 from workers.spec import JobSpec
 
 
@@ -60,9 +61,17 @@ def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
         problems.append((("params", "train_input", "batch_size"),
                          f"global batch_size {spec.train_input.batch_size} must divide evenly "
                          f"over num_csx={num_csx}"))
+    problems += memory_problems(spec, num_csx, settings)
     if problems:
         raise SubmissionError(problems)
     return ResolvedFiles(checkpoint, tokenizer)
+
+
+def memory_problems(spec: JobSpec, num_csx: int, settings: Settings) -> list[Problem]:
+    """Admission: the plan's memory estimate (arithmetic, any size in microseconds) against
+    what each of the job's workers has."""
+    refusal = memory.too_big(spec, num_csx, settings.memory_per_csx_bytes)
+    return [(("params", "model"), refusal)] if refusal else []
 
 
 def job_fields(options: RunOptions, spec: JobSpec, *, name: str | None,

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from service import crud, joblogs
+from service.jobs import memory_problems
 from service.models import Job
 from service.settings import Settings
 from service.states import RESUMABLE, TERMINAL, JobStatus, move
@@ -247,6 +248,10 @@ class Scheduler:
             job = self._load(session, job_id)
             spec = JobSpec.model_validate(job.params)
             if not resume:
+                # Admission again: a job queued before the limit (or this check) existed.
+                too_big = memory_problems(spec, job.num_csx, self.settings)
+                if too_big:
+                    raise ValueError(f"invalid job: {too_big[0][1]}")
                 try:
                     from workers.plan import validate_plan
 

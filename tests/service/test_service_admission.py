@@ -3,13 +3,16 @@ Each test names the issue's item it covers."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.settings import Settings
-from service_helpers import job_body
+from service_helpers import ScriptedLauncher, job_body, wait_status
 
 
 def _problems(response) -> list[tuple[list, str]]:
@@ -76,3 +79,126 @@ def test_tokenizer_files_the_caller_may_read_are_stored_resolved(
         tokenizer = stored["params"]["model"]["tokenizer"]
         assert {k: tokenizer[k] for k in files} == {k: str(Path(v).resolve())
                                                     for k, v in files.items()}
+
+
+# ---- items 1 and 4: memory admission on every path; :validate bounded -----------------------
+# The issue's model: 201 Created, then a worker growing past 5 GB on a 24 GB machine.
+HUGE_MODEL = {"hidden_size": 65536, "num_hidden_layers": 200, "filter_size": 65536,
+              "num_heads": 64}
+HUGE_SPARSE = {"model": HUGE_MODEL,
+               "sparsity": {"algorithm": "rigl", "sparsity": 0.9, "update": {"freq": 10}}}
+
+
+def _memory_refusal(response) -> str:
+    problems = _problems(response)
+    found = [msg for loc, msg in problems if loc[-2:] == ["params", "model"]]
+    assert found, problems
+    return found[0]
+
+
+@pytest.mark.timeout(60)  # :validate of this model ran for more than 6 minutes
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/jobs:validate"])
+def test_a_model_too_big_for_the_workers_is_refused_with_estimate_and_limit(
+        client: TestClient, alice: dict[str, str], path: str) -> None:
+    client.app.state.settings.memory_per_csx_gib = 6.0
+    message = _memory_refusal(client.post(path, json=job_body(**HUGE_SPARSE), headers=alice))
+    # Weights alone: 200 layers x 7 matrices of 65536^2 fp32 = 22,400 GiB.
+    estimate = float(re.search(r"estimated ([\d,.]+) GiB", message).group(1).replace(",", ""))
+    assert estimate > 22_400
+    assert "has 6.00 GiB" in message
+    assert client.get("/v1/jobs", headers=alice).json()["count"] == 0
+
+
+def test_the_limit_is_per_worker_so_more_systems_admit_a_bigger_batch(
+        client: TestClient, alice: dict[str, str]) -> None:
+    _paused(client)
+    settings = client.app.state.settings
+    body = job_body(model={"preset": "small"}, train_input={"batch_size": 64,
+                                                             "max_sequence_length": 256})
+    from workers.memory import estimate
+    from workers.spec import JobSpec
+
+    one = sum(estimate(JobSpec.model_validate(body["params"]), 1).values())
+    four = sum(estimate(JobSpec.model_validate(body["params"]), 4).values())
+    assert four < one
+    settings.memory_per_csx_gib = (four + one) / 2 / 2**30
+    refused = _memory_refusal(client.post("/v1/jobs", json={**body, "num_csx": 1}, headers=alice))
+    assert "1 worker(s)" in refused
+    assert client.post("/v1/jobs", json={**body, "num_csx": 4}, headers=alice).status_code == 201
+
+
+def test_studies_are_admitted_variant_by_variant(client: TestClient,
+                                                 alice: dict[str, str]) -> None:
+    client.app.state.settings.memory_per_csx_gib = 6.0
+    body = {"name": "huge", "params": job_body(model=HUGE_MODEL)["params"],
+            "algorithms": ["dense", "rigl"], "sparsity": 0.9}
+    problems = _problems(client.post("/v1/studies", json=body, headers=alice))
+    assert problems[0][0] == ["body", "algorithms", 0, "params", "model"], problems
+    assert client.get("/v1/jobs", headers=alice).json()["count"] == 0
+
+
+def test_retry_checks_the_memory_again(client: TestClient, alice: dict[str, str],
+                                       launcher: ScriptedLauncher) -> None:
+    job_id = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+    launcher.handle_for(job_id).finish(RuntimeError("worker lost"))
+    wait_status(client, alice, job_id, "FAILED")
+    client.app.state.settings.memory_per_csx_gib = 1e-6  # the cluster shrank meanwhile
+    problems = _problems(client.post(f"/v1/jobs/{job_id}:retry", headers=alice))
+    assert problems[0][0] == ["job", "params", "model"] and "estimated" in problems[0][1]
+    assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["status"] == "FAILED"
+
+
+def test_a_queued_job_that_no_longer_fits_fails_before_any_worker_starts(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher) -> None:
+    _paused(client)
+    job_id = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+    client.app.state.settings.memory_per_csx_gib = 1e-6
+    client.app.state.settings.paused = False
+    job = wait_status(client, alice, job_id, "FAILED")
+    assert "estimated" in job["status_message"] and not launcher.launches_of(job_id)
+
+
+@settings(max_examples=25, deadline=None)
+@given(heads=st.integers(1, 4), head_dim=st.sampled_from([2, 4, 8]), layers=st.integers(1, 3),
+       filter_size=st.integers(1, 40), vocab=st.integers(300, 600),
+       nonlinearity=st.sampled_from(["gelu", "swiglu", "relu"]),
+       norm=st.sampled_from(["layernorm", "rmsnorm"]),
+       positions=st.sampled_from(["learned", "rotary"]),
+       biases=st.lists(st.booleans(), min_size=5, max_size=5),
+       wide=st.sampled_from([0.0, 0.5, 0.75]), batch=st.sampled_from([4, 8]),
+       optimizer=st.sampled_from(["AdamW", "SGD"]))
+def test_the_admission_estimate_is_the_plans_memory(heads, head_dim, layers, filter_size, vocab,
+                                                    nonlinearity, norm, positions, biases, wide,
+                                                    batch, optimizer) -> None:
+    """Arithmetic on the spec equals what the plan counts on the model it builds (meta)."""
+    from workers.memory import estimate
+    from workers.plan import validate_plan
+    from workers.spec import JobSpec
+
+    model = {"hidden_size": heads * head_dim, "num_heads": heads, "num_hidden_layers": layers,
+             "filter_size": filter_size, "vocab_size": vocab, "nonlinearity": nonlinearity,
+             "norm_type": norm, "position_embedding_type": positions,
+             "max_position_embeddings": 32, "sparse_wide_sparsity": wide,
+             **dict(zip(["use_projection_bias_in_attention", "use_ffn_bias_in_attention",
+                         "use_ffn_bias", "use_bias_in_output", "share_embedding_weights"],
+                        biases, strict=True))}
+    spec = JobSpec.model_validate({
+        "model": model, "train_input": {"batch_size": batch, "max_sequence_length": 16},
+        "optimizer": {"optimizer_type": optimizer, "momentum": 0.9 if optimizer == "SGD" else None},
+        "sparsity": {"algorithm": "static", "sparsity": 0.5}})
+    plan = validate_plan(spec, 2)
+    assert estimate(spec, 2) == plan["memory"]["per_worker"]
+
+
+@pytest.mark.timeout(60)
+def test_csx_run_refuses_the_huge_model_before_building_it(tmp_path: Path, capsys) -> None:
+    import yaml
+
+    from workers.cli import main
+
+    params = tmp_path / "huge.yaml"
+    params.write_text(yaml.safe_dump(job_body(**HUGE_SPARSE)["params"]))
+    assert main(["run", "--params", str(params), "--model_dir", str(tmp_path / "model")]) == 2
+    error = capsys.readouterr().err
+    assert "estimated" in error and "per worker" in error
+    assert not (tmp_path / "model").exists()

@@ -24,6 +24,7 @@ from service.jobs import (
     check_submission,
     job_fields,
     job_public,
+    memory_problems,
     resolve_num_csx,
     to_detail,
     to_public,
@@ -38,6 +39,7 @@ from service.schemas import (
     ValidationPublic,
 )
 from service.states import IllegalTransition, JobStatus, move
+from workers.spec import JobSpec
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 IdempotencyKeyHeader = Annotated[
@@ -180,6 +182,10 @@ def cancel_job(job: OwnedJob, user: CurrentUser, session: SessionDep, settings: 
              response_model=JobPublic, responses={409: {"description": "illegal transition"}})
 def retry_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
               scheduler: SchedulerDep) -> JobPublic:
+    """Queue a failed or cancelled job again, if it still fits the cluster's memory."""
+    problems = memory_problems(JobSpec.model_validate(job.params), job.num_csx, settings)
+    if problems:
+        raise unprocessable(problems, prefix=("job",))
     _move(session, job, JobStatus.QUEUED, f"retry (attempt {job.attempt + 1})", settings)
     scheduler.wake()
     return to_public(session, job, settings)

@@ -61,7 +61,8 @@ def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
         problems.append((("params", "train_input", "batch_size"),
                          f"global batch_size {spec.train_input.batch_size} must divide evenly "
                          f"over num_csx={num_csx}"))
-    problems += memory_problems(spec, num_csx, settings)
+    if not problems:  # sized only once its data paths are known to be allowed
+        problems = memory_problems(spec, num_csx, settings)
     if problems:
         raise SubmissionError(problems)
     return ResolvedFiles(checkpoint, tokenizer)

@@ -6,11 +6,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from service import crud
+from service.api.body import PARSE_THREADS
 from service.api.main import api_router
 from service.db import make_engine, make_sessionmaker, upgrade_database
 from service.limits import BodySizeLimit
@@ -46,6 +48,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
                   description="Submit and follow weight-sparse training jobs on a simulated "
                               "CS-2 cluster.")
     app.state.settings = settings
+    app.state.body_parsers = anyio.CapacityLimiter(PARSE_THREADS)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(api_router, prefix=API_PREFIX)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

@@ -39,8 +39,11 @@ def _is_hdf5(spec: JobSpec) -> bool:
     train = spec.train_input
     if train.data_processor is not None:
         return train.data_processor in HDF5_PROCESSORS
-    return any(Path(d).is_dir() and any(Path(d).glob("*.h5")) for d in train.data_dirs()
-               if not d.startswith("builtin:"))
+    try:
+        return any(Path(d).is_dir() and any(Path(d).glob("*.h5")) for d in train.data_dirs()
+                   if not d.startswith("builtin:"))
+    except OSError:  # a name too long or unreadable: no HDF5 files that training could read
+        return False
 
 
 def vocab_size(spec: JobSpec) -> int:

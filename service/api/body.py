@@ -8,8 +8,10 @@ params under "params".
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, TypeVar
 
+import anyio
 import yaml
 from fastapi import HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
@@ -20,9 +22,14 @@ from service.preflight import Problem
 JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 Model = TypeVar("Model", bound=BaseModel)
-# A params file nests about 8 levels (body, params, sparsity, groups, a group, a schedule, ...).
+# A params file nests about 8 levels (body, params, sparsity, groups, a group, a schedule, ...)
+# and holds a few hundred values; a study a few thousand.
 MAX_DEPTH = 32
-MAX_NODES = 100_000
+MAX_NODES = 20_000
+MAX_PARSE_S = 2.0
+PARSE_THREADS = 2
+# libyaml's parser (C) when PyYAML has it: the pure-Python one is some ten times slower.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_INT = 2**63
 
 
@@ -44,22 +51,39 @@ def unprocessable(
 
 
 async def read_mapping(request: Request) -> dict[str, Any]:
+    """The body as a mapping, parsed in a worker thread (at most PARSE_THREADS at once, so
+    hostile uploads cannot take every thread or the event loop from other requests)."""
     raw = await request.body()
     media_type = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if media_type not in JSON_TYPES + YAML_TYPES:
+        raise HTTPException(
+            status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+            f"Content-Type {media_type!r} is not supported; use application/json or "
+            "application/yaml",
+        )
+    limiter = request.app.state.body_parsers
+    return await anyio.to_thread.run_sync(parse_mapping, raw, media_type, limiter=limiter)
+
+
+def parse_mapping(raw: bytes, media_type: str) -> dict[str, Any]:
+    """Parse and measure a body with bounded work: a YAML stream is first read as events and
+    refused as soon as it nests deeper than MAX_DEPTH, holds more than MAX_NODES values or
+    takes longer than MAX_PARSE_S (pure-Python YAML construction of 10 MB took minutes)."""
     try:
         if media_type in JSON_TYPES:
             data = json.loads(raw)
-        elif media_type in YAML_TYPES:
-            data = yaml.safe_load(raw)
         else:
-            raise HTTPException(
-                status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
-                f"Content-Type {media_type!r} is not supported; use application/json or "
-                "application/yaml",
-            )
+            problem = yaml_events_problem(raw, time.monotonic() + MAX_PARSE_S)
+            if problem is not None:
+                raise unprocessable([((), problem)])
+            data = yaml.load(raw, Loader=YAML_LOADER)  # noqa: S506 (a safe loader)
     except RecursionError:
         raise unprocessable([((), f"body nests deeper than {MAX_DEPTH} levels")]) from None
-    except (ValueError, yaml.YAMLError) as err:
+    except yaml.YAMLError as err:
+        if "maximum nesting depth" in str(err):  # libyaml's own limit, met while scanning ahead
+            raise unprocessable([((), f"body nests deeper than {MAX_DEPTH} levels")]) from None
+        raise unprocessable([((), f"body is not valid {media_type}: {str(err)[:500]}")]) from None
+    except ValueError as err:
         raise unprocessable([((), f"body is not valid {media_type}: {str(err)[:500]}")]) from None
     if not isinstance(data, dict):
         raise unprocessable([((), f"body must be a mapping, got {type(data).__name__}")])
@@ -67,6 +91,24 @@ async def read_mapping(request: Request) -> dict[str, Any]:
     if problem is not None:
         raise unprocessable([problem])
     return data
+
+
+def yaml_events_problem(raw: bytes, deadline: float) -> str | None:
+    """Why a YAML stream is refused before anything is built from it, or None."""
+    depth = values = 0
+    for index, event in enumerate(yaml.parse(raw, Loader=YAML_LOADER)):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return f"body nests deeper than {MAX_DEPTH} levels"
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        values += isinstance(event, yaml.NodeEvent)
+        if values > MAX_NODES:
+            return f"body holds more than {MAX_NODES} values"
+        if index % 1024 == 0 and time.monotonic() > deadline:
+            return f"body took more than {MAX_PARSE_S:g} s to read"
+    return None
 
 
 def shape_problem(data: Any) -> Problem | None:

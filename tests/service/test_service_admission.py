@@ -3,16 +3,23 @@ Each test names the issue's item it covers."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.api.body import MAX_DEPTH, MAX_NODES
 from service.settings import Settings
-from service_helpers import ScriptedLauncher, job_body, wait_status
+from service_helpers import REPO_ROOT, ScriptedLauncher, ServerProcess, job_body, wait_status
 
 
 def _problems(response) -> list[tuple[list, str]]:
@@ -202,3 +209,75 @@ def test_csx_run_refuses_the_huge_model_before_building_it(tmp_path: Path, capsy
     error = capsys.readouterr().err
     assert "estimated" in error and "per worker" in error
     assert not (tmp_path / "model").exists()
+
+
+# ---- item 3: hostile bodies are parsed off the event loop with bounded work ------------------
+SHORT_KEYS_YAML = b"".join(b"k%d: 1\n" % i for i in range(1_100_000))[:9_900_000]
+HOSTILE_BODIES = {
+    "10 MB of short keys": SHORT_KEYS_YAML,
+    "10,000-deep flow YAML": b"[" * 10_000 + b"]" * 10_000,
+    "10,000-deep block YAML": b"- " * 10_000 + b"x\n",
+    "10,000-deep mapping YAML": b"{a: " * 10_000 + b"1" + b"}" * 10_000,
+}
+
+
+@pytest.fixture
+def live_server(tmp_path: Path):
+    """`uvicorn service.main:app` in its own process, paused, with a token."""
+    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}",
+           "CSX_RUNS_DIR": str(tmp_path / "runs"), "CSX_PAUSED": "true",
+           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    token = subprocess.run([sys.executable, "-m", "service.cli", "token", "create", "--name",
+                            "mallory"], env=env, cwd=REPO_ROOT, check=True, capture_output=True,
+                           text=True).stdout.strip().splitlines()[-1]
+    server = ServerProcess(env, tmp_path)
+    server.start()
+    try:
+        yield server.url, {"Authorization": f"Bearer {token}"}
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(300)
+def test_healthz_answers_within_a_second_while_hostile_yaml_arrives(live_server) -> None:
+    """The issue's freeze: a 10 MB YAML of short keys took 170 s to answer 422 and healthz
+    timed out at 120 s meanwhile. Four clients upload the hostile bodies concurrently, twice
+    each, while healthz is polled; every upload is refused and every health check answers
+    within the issue's 1 s."""
+    url, auth = live_server
+    answers: dict[str, list[int]] = {name: [] for name in HOSTILE_BODIES}
+
+    def attack(names: list[str]) -> None:
+        with httpx.Client(base_url=url, headers={**auth, "Content-Type": "application/yaml"},
+                          timeout=120) as http:
+            for _ in range(2):
+                for name in names:
+                    answers[name].append(http.post("/v1/jobs", content=HOSTILE_BODIES[name])
+                                         .status_code)
+
+    names = list(HOSTILE_BODIES)
+    attackers = [threading.Thread(target=attack, args=(names[i:] + names[:i],))
+                 for i in range(4)]
+    latencies = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for attacker in attackers:
+            attacker.start()
+        while any(attacker.is_alive() for attacker in attackers):
+            started = time.perf_counter()
+            assert http.get("/v1/healthz").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.05)
+    for attacker in attackers:
+        attacker.join()
+    assert answers == {name: [422] * 8 for name in HOSTILE_BODIES}
+    assert len(latencies) > 5 and max(latencies) < 1.0, sorted(latencies)[-5:]
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_BODIES))
+def test_each_hostile_yaml_gets_a_422_naming_its_problem(client: TestClient,
+                                                         alice: dict[str, str], name: str) -> None:
+    response = client.post("/v1/jobs", content=HOSTILE_BODIES[name],
+                           headers={**alice, "Content-Type": "application/yaml"})
+    message = _problems(response)[0][1]
+    assert message in (f"body holds more than {MAX_NODES} values",
+                       f"body nests deeper than {MAX_DEPTH} levels"), message

@@ -93,7 +93,7 @@ def add_job(session: Session, *, owner: Caller, **fields: Any) -> RowMapping:
     connection = session.connection()  # the session's transaction: commit/rollback cover it
     job = connection.execute(_INSERT_JOB, {
         "owner_id": owner.id, "status": JobStatus.QUEUED.value, "created_at": now,
-        "attempt": 1, "version": 1, **fields}).mappings().one()
+        "attempt": 1, "version": 1, "run_key": secrets.token_hex(8), **fields}).mappings().one()
     connection.execute(_INSERT_EVENT, {
         "job_id": job["id"], "from_status": None, "to_status": job["status"],
         "message": "submitted", "attempt": 1, "at": now})

@@ -18,8 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.api.body import MAX_DEPTH, MAX_NODES
+from service.main import create_app
 from service.settings import Settings
-from service_helpers import REPO_ROOT, ScriptedLauncher, ServerProcess, job_body, wait_status
+from service_helpers import (REPO_ROOT, ScriptedLauncher, ServerProcess, job_body, job_folder,
+                             make_token, wait_status)
 
 
 def _problems(response) -> list[tuple[list, str]]:
@@ -38,10 +40,7 @@ def alices_tokenizer(client: TestClient, alice: dict[str, str],
     """A tokenizer file in the folder of alice's job."""
     _paused(client)
     job_id = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
-    folder = next(service_settings.runs_dir.glob(f"job-{job_id}*")) \
-        if service_settings.runs_dir.exists() else None
-    folder = folder or service_settings.runs_dir / f"job-{job_id}"
-    path = folder / "model" / "tokenizer.json"
+    path = job_folder(client, service_settings.runs_dir, job_id) / "model" / "tokenizer.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"version": "1.0"}')
     return path
@@ -281,3 +280,40 @@ def test_each_hostile_yaml_gets_a_422_naming_its_problem(client: TestClient,
     message = _problems(response)[0][1]
     assert message in (f"body holds more than {MAX_NODES} values",
                        f"body nests deeper than {MAX_DEPTH} levels"), message
+
+
+# ---- item 5: job folders never collide ---------------------------------------------------------
+def test_a_new_database_over_an_old_runs_folder_starts_clean(service_settings: Settings) -> None:
+    runs = service_settings.runs_dir
+    service_settings.paused = True
+    with TestClient(create_app(service_settings, launcher=ScriptedLauncher())) as client:
+        alice = make_token(client, "alice")
+        old_id = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+        old_folder = job_folder(client, runs, old_id)
+    # What the old job left, in its folder and in the folder a job from before run keys had.
+    for folder in (old_folder, runs / f"job-{old_id}"):
+        (folder / "model").mkdir(parents=True)
+        (folder / "model" / "checkpoint_45.mdl").write_bytes(b"alice's weights")
+        (folder / "job.log").write_text("alice's secret log line\n")
+    database = Path(service_settings.database_url.removeprefix("sqlite:///"))
+    for path in database.parent.glob(database.name + "*"):
+        path.unlink()  # the database is reset; the runs folder stays
+
+    service_settings.paused = False
+    launcher = ScriptedLauncher()
+    with TestClient(create_app(service_settings, launcher=launcher)) as client:
+        bob = make_token(client, "bob")
+        new_id = client.post("/v1/jobs", json=job_body(), headers=bob).json()["id"]
+        assert new_id == old_id
+        model_dir = Path(launcher.handle_for(new_id).kwargs["model_dir"])
+        assert model_dir.parent not in (old_folder, runs / f"job-{old_id}")
+        assert not model_dir.exists() or not any(model_dir.iterdir())  # nothing to resume from
+        wait_status(client, bob, new_id, "RUNNING")
+        assert "alice" not in client.get(f"/v1/jobs/{new_id}/logs", headers=bob).text
+        # Nor can bob name the old files as his job's.
+        for path in (old_folder, runs / f"job-{old_id}"):
+            body = job_body(mode="eval", runconfig={
+                "max_steps": 10, "checkpoint_path": str(path / "model" / "checkpoint_45.mdl")})
+            assert client.post("/v1/jobs", json=body, headers=bob).status_code == 422
+        by_id = job_body(mode="eval", checkpoint={"job": new_id})
+        assert client.post("/v1/jobs", json=by_id, headers=bob).status_code == 422

@@ -164,7 +164,7 @@ def get_job_events(job: OwnedJob) -> JobEventsPage:
 @router.get("/{job_id:int}/logs", response_class=PlainTextResponse)
 def get_job_logs(job: OwnedJob, settings: SettingsDep,
                  tail: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> str:
-    return joblogs.tail(settings.runs_dir, job.id, tail)
+    return joblogs.tail(joblogs.job_dir(settings.runs_dir, job.id, job.run_key), tail)
 
 
 @router.post("/{job_id:int}:cancel", status_code=status.HTTP_202_ACCEPTED,

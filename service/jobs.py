@@ -75,10 +75,11 @@ def memory_problems(spec: JobSpec, num_csx: int, settings: Settings) -> list[Pro
     return [(("params", "model"), refusal)] if refusal else []
 
 
-def job_fields(options: RunOptions, spec: JobSpec, *, name: str | None,
+def job_fields(options: RunOptions, spec: JobSpec, settings: Settings, *, name: str | None,
                files: ResolvedFiles = ResolvedFiles()) -> dict[str, Any]:
-    """Job columns for a checked submission; unset options fall back to the params' runconfig.
-    `files` is check_submission's answer: the paths the worker reads replace the user's."""
+    """Job columns for a checked submission; unset options fall back to the params' runconfig
+    (and timeout_s to the settings'). `files` is check_submission's answer: the paths the
+    worker reads replace the user's."""
     runconfig = spec.runconfig
     params = spec.model_dump(mode="json")
     if files.checkpoint is not None:
@@ -92,7 +93,7 @@ def job_fields(options: RunOptions, spec: JobSpec, *, name: str | None,
         "priority": options.priority,
         "max_failures": (options.max_failures if options.max_failures is not None
                          else runconfig.max_failures),
-        "timeout_s": options.timeout_s,
+        "timeout_s": options.timeout_s or settings.default_timeout_s,
         "tags": dict(options.tags),
         "params": params,
     }

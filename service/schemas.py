@@ -19,9 +19,13 @@ from workers.spec import JobSpec, with_overrides
 
 Mode = Literal["train", "eval", "train_and_eval", "eval_all"]
 StudyAlgorithm = Literal["dense", "static", "set", "rigl", "granet"]
-Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
-TagKey = Annotated[str, StringConstraints(min_length=1, max_length=100)]
-TagValue = Annotated[str, StringConstraints(max_length=1000)]
+# No NUL characters: PostgreSQL cannot store them in text (bodies are checked for them anywhere
+# before validation; the pattern documents it).
+NO_NUL = r"^[^\x00]*$"
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True,
+                                        pattern=NO_NUL)]
+TagKey = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=NO_NUL)]
+TagValue = Annotated[str, StringConstraints(max_length=1000, pattern=NO_NUL)]
 
 
 class CheckpointRef(BaseModel):

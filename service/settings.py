@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     # Memory each CS-2 system's worker may use; a job needs its plan's per-worker estimate to
     # fit. Default: this machine's physical memory shared by the cluster's systems (the local
     # Ray cluster runs every worker here, and concurrent jobs share it).
+    # timeout_s of a job that gives none: no job holds its systems forever.
+    default_timeout_s: float = Field(default=86400.0, gt=0, le=30 * 86400, allow_inf_nan=False)
     memory_per_csx_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     scheduler_interval_s: float = Field(default=0.2, gt=0, le=60)
     # Least time between two scheduler passes: bounds its share of the CPU under a burst of

@@ -30,7 +30,8 @@ MAX_PARSE_S = 2.0
 PARSE_THREADS = 2
 # libyaml's parser (C) when PyYAML has it: the pure-Python one is some ten times slower.
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-MAX_INT = 2**63
+NUL_MESSAGE = "must not contain NUL (\\x00) characters"
+MAX_INT = 2**63 - 1  # a 64-bit signed integer: what every backend stores
 
 
 def request_body_openapi(schema_name: str) -> dict[str, Any]:
@@ -115,8 +116,9 @@ def shape_problem(data: Any) -> Problem | None:
     """Why a parsed body is refused before any validator walks it, or None: nesting deeper than
     MAX_DEPTH (validators and serialisers recurse), more than MAX_NODES values once YAML
     aliases are expanded (a few lines of anchors can stand for billions), a YAML alias that
-    contains itself, or an integer beyond 64 bits (no field takes one; converting it to a float
-    overflows). One pass without recursion; a node shared through aliases is measured once."""
+    contains itself, an integer beyond 64 bits (no field takes one; converting it to a float
+    overflows), or a NUL character in a key or string (PostgreSQL cannot store one in text).
+    One pass without recursion; a node shared through aliases is measured once."""
     # id of a finished container -> (values in it once expanded, levels below and with it)
     measured: dict[int, tuple[int, int]] = {}
     open_ids: set[int] = set()  # containers on the current path: met again means a cycle
@@ -126,6 +128,8 @@ def shape_problem(data: Any) -> Problem | None:
         depth = len(loc) + 1
         if isinstance(node, int) and not -MAX_INT <= node <= MAX_INT:
             return loc, f"integer out of range (at most {MAX_INT} in magnitude)"
+        if isinstance(node, str) and "\x00" in node:
+            return loc, NUL_MESSAGE
         if not isinstance(node, dict | list):
             continue
         if finished:
@@ -146,6 +150,8 @@ def shape_problem(data: Any) -> Problem | None:
             continue
         open_ids.add(id(node))
         stack.append((node, loc, True))
+        if isinstance(node, dict) and any(isinstance(k, str) and "\x00" in k for k in node):
+            return loc, f"a key {NUL_MESSAGE}"
         items = node.items() if isinstance(node, dict) else enumerate(node)
         stack.extend((child, (*loc, str(key)[:100] if isinstance(node, dict) else key), False)
                      for key, child in items)

@@ -59,7 +59,7 @@ def test_tokenizer_files_outside_the_callers_area_all_read_the_same(
     # The cases: a secret file, a missing file (the existence oracle), another user's
     # job folder; plus a missing file under the data root, traversal and a NUL byte.
     tried = ["/etc/shadow", "/etc/passwd", "/nonexistent/vocab.json", str(alices_tokenizer),
-             str(inside.with_name("missing.json")), "../../../../etc/passwd", "a\x00b",
+             str(inside.with_name("missing.json")), "../../../../etc/passwd",
              str(service_settings.runs_dir), "x" * 100_000]
     answers = []
     for path in tried:
@@ -317,3 +317,84 @@ def test_a_new_database_over_an_old_runs_folder_starts_clean(service_settings: S
             assert client.post("/v1/jobs", json=body, headers=bob).status_code == 422
         by_id = job_body(mode="eval", checkpoint={"job": new_id})
         assert client.post("/v1/jobs", json=by_id, headers=bob).status_code == 422
+
+
+# ---- item 6: bounds on the work a job asks for; a default timeout ------------------------------
+@pytest.mark.parametrize(("change", "loc", "words"), [
+    # The value: 2**63, one past the largest 64-bit integer.
+    ({"runconfig": {"max_steps": 2**63}}, ["params", "runconfig", "max_steps"], "out of range"),
+    ({"runconfig": {"max_steps": 10**8}}, ["params", "runconfig", "max_steps"],
+     "at most 10,000,000"),
+    ({"runconfig": {"max_steps": 10, "eval_steps": 10**9}}, ["params", "runconfig", "eval_steps"],
+     "at most 1,000,000"),
+    ({"train_input": {"batch_size": 2**40}}, ["params", "train_input", "batch_size"],
+     "at most 65,536"),
+    ({"eval_input": {"max_sequence_length": 2**30}},
+     ["params", "eval_input", "max_sequence_length"], "at most 1,048,576"),
+    ({"model": {"preset": "tiny", "tokenizer": {"type": "bpe", "vocab_size": 2**31}}},
+     ["params", "model", "tokenizer", "vocab_size"], "at most 1,048,576"),
+])
+def test_integers_that_size_work_are_bounded(client: TestClient, alice: dict[str, str],
+                                             change, loc, words) -> None:
+    for path in ("/v1/jobs", "/v1/jobs:validate"):
+        problems = _problems(client.post(path, json=job_body(**change), headers=alice))
+        assert any(p[0] == ["body", *loc] and words in p[1] for p in problems), problems
+
+
+def test_a_job_without_timeout_gets_the_settings_default_and_is_stopped_by_it(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher) -> None:
+    client.app.state.settings.default_timeout_s = 0.5
+    job_id = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+    assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["timeout_s"] == 0.5
+    handle = launcher.handle_for(job_id)
+    failed = wait_status(client, alice, job_id, "FAILED")
+    assert failed["status_message"].startswith("TIMEOUT") and handle.cancelled.is_set()
+    own = client.post("/v1/jobs", json=job_body(timeout_s=3600), headers=alice).json()
+    assert own["timeout_s"] == 3600
+
+
+# ---- item 7: NUL characters are a 422 naming the field on every backend ------------------------
+NUL_FIELDS = [
+    (lambda: job_body(name="a\x00b"), ["name"]),
+    (lambda: job_body(experiment="a\x00b"), ["experiment"]),
+    (lambda: job_body(runconfig={"max_steps": 10, "mlflow_experiment": "a\x00b"}),
+     ["params", "runconfig", "mlflow_experiment"]),
+    (lambda: job_body(tags={"k": "a\x00b"}), ["tags", "k"]),
+    (lambda: job_body(tags={"a\x00b": "v"}), ["tags"]),
+]
+
+
+def _nul_answers(client: TestClient, auth: dict[str, str]) -> list[tuple[int, list]]:
+    answers = []
+    for body, _ in NUL_FIELDS:
+        response = client.post("/v1/jobs", json=body(), headers=auth)
+        answers.append((response.status_code, response.json()["detail"][0]["loc"]
+                         if response.status_code == 422 else response.text))
+    study = {"name": "a\x00b", "params": job_body()["params"], "algorithms": ["dense"]}
+    response = client.post("/v1/studies", json=study, headers=auth)
+    answers.append((response.status_code, response.json()["detail"][0]["loc"]
+                    if response.status_code == 422 else response.text))
+    for query in ({"experiment": "a\x00b"}, {"owner": "a\x00b"}):
+        response = client.get("/v1/jobs", params=query, headers=auth)
+        answers.append((response.status_code, response.json()["detail"][0]["loc"]
+                        if response.status_code == 422 else response.text))
+    return answers
+
+
+EXPECTED_NUL_ANSWERS = [(422, ["body", *loc]) for _, loc in NUL_FIELDS] + [
+    (422, ["body", "name"]), (422, ["query", "experiment"]), (422, ["query", "owner"])]
+
+
+def test_nul_characters_are_refused_naming_the_field_on_sqlite(client: TestClient,
+                                                              alice: dict[str, str]) -> None:
+    _paused(client)
+    assert _nul_answers(client, alice) == EXPECTED_NUL_ANSWERS
+    assert client.get("/v1/jobs", headers=alice).json()["count"] == 0
+
+
+def test_nul_characters_are_refused_naming_the_field_on_postgres(postgres, tmp_path: Path) -> None:
+    settings = Settings(database_url=postgres.create_database("nul"), runs_dir=tmp_path / "runs",
+                        paused=True, mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with TestClient(create_app(settings, launcher=ScriptedLauncher())) as client:
+        alice = make_token(client, "alice")
+        assert _nul_answers(client, alice) == EXPECTED_NUL_ANSWERS  # was 500 (psycopg.DataError)

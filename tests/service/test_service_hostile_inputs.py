@@ -176,7 +176,7 @@ def test_a_user_cannot_read_another_users_checkpoint(client: TestClient, alice: 
     assert refused[0][0] == ["body", "params", "runconfig", "checkpoint_path"]
     # No existence oracle: another user's file, a system file and a missing file read the same.
     for other in ("/etc/passwd", "/nonexistent/checkpoint_1.mdl",
-                  str(path.with_name("checkpoint_51.mdl")), "../../../etc/passwd", "a\x00b"):
+                  str(path.with_name("checkpoint_51.mdl")), "../../../etc/passwd"):
         body = job_body(mode="eval", runconfig={"max_steps": 10, "checkpoint_path": other})
         assert _problems(client.post("/v1/jobs", json=body, headers=bob)) == refused
         assert _problems(client.post("/v1/jobs", json=body, headers=alice)) == refused
@@ -254,7 +254,7 @@ def test_deep_or_exploding_bodies_are_422(client: TestClient, alice: dict[str, s
 
 @pytest.mark.parametrize(("change", "loc", "words"), [
     ({"train_input": {"data_dir": "a\u0000b"}}, ["params", "train_input", "data_dir"],
-     "outside the allowed data roots"),
+     "NUL"),
     ({"train_input": {"data_dir": "~nosuchuser/x"}}, ["params", "train_input", "data_dir"],
      "outside the allowed data roots"),
     ({"train_input": {"data_dir": "x" * 100_000}}, ["params", "train_input", "data_dir"],

@@ -31,6 +31,7 @@ from service.jobs import (
 )
 from service.models import IdempotencyKey
 from service.schemas import (
+    NO_NUL,
     JobCreate,
     JobDetail,
     JobEventsPage,
@@ -82,8 +83,8 @@ async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
         replay = _replay(session, user, idempotency_key, body_hash)
         if replay is not None:
             return replay
-    job = crud.add_job(session, owner=user, **job_fields(job_in, job_in.params, name=job_in.name,
-                                                         files=files))
+    fields = job_fields(job_in, job_in.params, settings, name=job_in.name, files=files)
+    job = crud.add_job(session, owner=user, **fields)
     public = job_public(session, job, user.name, settings)
     if idempotency_key is not None:
         session.add(IdempotencyKey(owner_id=user.id, key=idempotency_key, request_hash=body_hash,
@@ -139,8 +140,9 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
-    experiment: Annotated[str | None, Query(max_length=200)] = None,
-    owner: Annotated[str | None, Query(max_length=100, description="token name")] = None,
+    experiment: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
+    owner: Annotated[str | None, Query(max_length=100, pattern=NO_NUL,
+                                       description="token name")] = None,
 ) -> JobsPage:
     try:
         jobs, next_cursor = crud.list_jobs(session, owner=user, limit=limit, cursor=cursor,

@@ -49,7 +49,7 @@ async def create_study(request: Request, session: SessionDep, user: CurrentUser,
     study.mlflow_experiment_id, study.mlflow_run_id = open_parent_run(settings, study)
     for name, seed, spec, files in specs:
         suffix = "" if seed is None else f"/seed{seed}"
-        fields = job_fields(study_in, spec, name=f"{study_in.name}/{name}{suffix}",
+        fields = job_fields(study_in, spec, settings, name=f"{study_in.name}/{name}{suffix}",
                             files=files)
         fields["tags"] = {**fields["tags"], "csx.variant": name, "csx.study": study_in.name,
                           **({} if seed is None else {"csx.seed": str(seed)})}

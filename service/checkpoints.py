@@ -23,6 +23,7 @@ from service import joblogs
 from service.crud import Caller
 from service.models import Job
 from service.preflight import Problem, is_within, resolve_path
+from service.schemas import MAX_ID
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)\.mdl$")  # workers/checkpoint.py's names
 JOB_FOLDER = re.compile(r"^job-(\d+)(?:-([0-9a-f]+))?$")  # joblogs.job_dir's names
@@ -44,7 +45,7 @@ def checkpoint_file(folder: Path, step: int | None) -> Path | None:
 
 def visible_folder(session: Session, caller: Caller, runs_dir: Path, job_id: int) -> Path | None:
     """The folder of job `job_id` if the caller can see the job, else None."""
-    if not 1 <= job_id < 2**63:
+    if not 1 <= job_id <= MAX_ID:
         return None
     row = session.execute(select(Job.owner_id, Job.run_key).where(Job.id == job_id)).first()
     if row is None or not (caller.is_admin or row.owner_id == caller.id):

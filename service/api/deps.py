@@ -17,11 +17,11 @@ from sqlalchemy.orm import Session
 from service import crud
 from service.crud import Caller
 from service.models import Job, Study
+from service.schemas import MAX_ID
 from service.scheduler import Scheduler
 from service.settings import Settings
 
-# Ids are 64-bit signed integers in every backend; larger ones cannot exist, so they are 422s.
-ResourceId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+ResourceId = Annotated[int, Path(ge=1, le=MAX_ID)]
 bearer = HTTPBearer(auto_error=False, description="a token from `csx token create`")
 
 

@@ -31,6 +31,7 @@ from service.jobs import (
 )
 from service.models import IdempotencyKey
 from service.schemas import (
+    MAX_ID,
     NO_NUL,
     JobCreate,
     JobDetail,
@@ -70,8 +71,7 @@ ParsedJob = Annotated[Parsed, Depends(_parse_job)]
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic,
              openapi_extra=request_body_openapi("JobCreate"),
-             responses={409: {"description": "Idempotency-Key reused with another body"},
-                        413: {"description": "body over the size limit"}})
+             responses={409: {"description": "Idempotency-Key reused with another body"}})
 async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
                      settings: SettingsDep, scheduler: SchedulerDep,
                      idempotency_key: IdempotencyKeyHeader = None) -> Response:
@@ -138,17 +138,15 @@ def validate_job(parsed: ParsedJob, user: CurrentUser) -> ValidationPublic:
 def list_jobs(
     session: SessionDep, user: CurrentUser, settings: SettingsDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[int | None, Query(ge=1, le=MAX_ID, description=(
+        "next_cursor of the previous page: jobs older than that job id"))] = None,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
     experiment: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
     owner: Annotated[str | None, Query(max_length=100, pattern=NO_NUL,
                                        description="token name")] = None,
 ) -> JobsPage:
-    try:
-        jobs, next_cursor = crud.list_jobs(session, owner=user, limit=limit, cursor=cursor,
-                                           status=status_, experiment=experiment, owner_name=owner)
-    except ValueError as err:
-        raise unprocessable([(("cursor",), str(err))], prefix=("query",)) from None
+    jobs, next_cursor = crud.list_jobs(session, owner=user, limit=limit, cursor=cursor,
+                                       status=status_, experiment=experiment, owner_name=owner)
     data = [to_public(session, job, settings) for job in jobs]
     return JobsPage(data=data, count=len(data), next_cursor=next_cursor)
 

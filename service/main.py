@@ -48,7 +48,8 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
                   description="Submit and follow weight-sparse training jobs on a simulated "
                               "CS-2 cluster.")
     app.state.settings = settings
-    app.state.body_parsers = anyio.CapacityLimiter(PARSE_THREADS)
+    app.state.body_parsers = {size: anyio.CapacityLimiter(threads)
+                              for size, threads in PARSE_THREADS.items()}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(api_router, prefix=API_PREFIX)
     app.openapi = lambda: app.openapi_schema or _cache_openapi(app)  # type: ignore[method-assign]

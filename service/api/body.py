@@ -27,7 +27,8 @@ Model = TypeVar("Model", bound=BaseModel)
 MAX_DEPTH = 32
 MAX_NODES = 20_000
 MAX_PARSE_S = 2.0
-PARSE_THREADS = 2
+PARSE_THREADS = {"small": 8, "large": 2}
+SMALL_BODY_BYTES = 256 * 1024  # a params file is a few kB
 # libyaml's parser (C) when PyYAML has it: the pure-Python one is some ten times slower.
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 NUL_MESSAGE = "must not contain NUL (\\x00) characters"
@@ -62,7 +63,10 @@ async def read_mapping(request: Request) -> dict[str, Any]:
             f"Content-Type {media_type!r} is not supported; use application/json or "
             "application/yaml",
         )
-    limiter = request.app.state.body_parsers
+    # Large bodies queue for their own threads: a few hostile 10 MB uploads cannot hold up
+    # the params files everyone else sends.
+    parsers = request.app.state.body_parsers
+    limiter = parsers["small"] if len(raw) <= SMALL_BODY_BYTES else parsers["large"]
     return await anyio.to_thread.run_sync(parse_mapping, raw, media_type, limiter=limiter)
 
 

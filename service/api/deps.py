@@ -51,6 +51,9 @@ async def get_current_user(
     if credentials is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Not authenticated", unauthorized)
     caller = crud.get_caller(session, secret=credentials.credentials)
+    # End the read so the connection goes back to the pool while the request waits for its
+    # body to arrive and be parsed (behind others' uploads); a plain record stays valid.
+    session.rollback()
     if caller is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Invalid token", unauthorized)
     return caller

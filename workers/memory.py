@@ -108,24 +108,31 @@ def training_memory(spec: JobSpec, s: Shapes, parameters: int, sparse_weights: i
 
 
 def estimate(spec: JobSpec, num_csx: int) -> dict[str, int]:
-    """training_memory per worker from the spec alone; masks counted for every matrix when
-    there is a sparsity section (an upper bound: a param_filter may mask fewer)."""
+    """training_memory per worker from the spec alone (see _estimate)."""
+    return _estimate(spec, num_csx)[0]
+
+
+def _estimate(spec: JobSpec, num_csx: int) -> tuple[dict[str, int], int]:
+    """(training_memory per worker, parameters); masks are counted for every matrix when there
+    is a sparsity section (an upper bound: a param_filter may mask fewer)."""
     s = shapes(spec)
     parameters, matrices = parameter_count(spec, s)
-    return training_memory(spec, s, parameters, matrices if spec.sparsity is not None else 0,
-                           num_csx)
+    memory = training_memory(spec, s, parameters, matrices if spec.sparsity is not None else 0,
+                             num_csx)
+    return memory, parameters
 
 
 def too_big(spec: JobSpec, num_csx: int, per_worker_limit: int) -> str | None:
     """Why the job cannot train with `per_worker_limit` bytes per worker, or None."""
-    memory = estimate(spec, num_csx)
+    memory, parameters = _estimate(spec, num_csx)
     need = sum(memory.values())
     if need <= per_worker_limit:
         return None
     parts = ", ".join(f"{k} {_gib(v)}" for k, v in memory.items())
-    return (f"training needs an estimated {_gib(need)} per worker ({parts}) but each of the "
-            f"{num_csx} worker(s) has {_gib(per_worker_limit)}: train a scaled-down proxy "
-            "(smaller hidden_size / num_hidden_layers / batch_size) or use more CS-2 systems")
+    return (f"this job does not fit: training needs an estimated {_gib(need)} per worker "
+            f"({parts}; {parameters:,} parameters) but each of the {num_csx} worker(s) has "
+            f"{_gib(per_worker_limit)}: train a scaled-down proxy (smaller hidden_size / "
+            "num_hidden_layers / batch_size) or use more CS-2 systems")
 
 
 def _gib(value: int) -> str:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from service.api.body import MAX_DEPTH, MAX_NODES
 from service.main import create_app
+from service.models import Job
 from service.settings import Settings
 from service_helpers import (REPO_ROOT, ScriptedLauncher, ServerProcess, job_body, job_folder,
                              make_token, wait_status)
@@ -398,3 +399,25 @@ def test_nul_characters_are_refused_naming_the_field_on_postgres(postgres, tmp_p
     with TestClient(create_app(settings, launcher=ScriptedLauncher())) as client:
         alice = make_token(client, "alice")
         assert _nul_answers(client, alice) == EXPECTED_NUL_ANSWERS  # was 500 (psycopg.DataError)
+
+
+def test_a_job_from_before_run_keys_keeps_its_folder(client: TestClient, alice: dict[str, str],
+                                                     service_settings: Settings) -> None:
+    """Migration 0002 leaves run_key NULL on existing jobs: their logs and checkpoints stay
+    where they were, runs/job-<id>/."""
+    _paused(client)
+    job_id = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+    with client.app.state.sessionmaker() as session:
+        session.get(Job, job_id).run_key = None
+        session.commit()
+    legacy = service_settings.runs_dir / f"job-{job_id}"
+    (legacy / "model").mkdir(parents=True)
+    (legacy / "job.log").write_text("written before the upgrade\n")
+    (legacy / "model" / "checkpoint_7.mdl").write_bytes(b"weights")
+    assert "before the upgrade" in client.get(f"/v1/jobs/{job_id}/logs", headers=alice).text
+    again = client.post("/v1/jobs", json=job_body(mode="eval", checkpoint={"job": job_id}),
+                        headers=alice)
+    assert again.status_code == 201, again.text
+    stored = client.get(f"/v1/jobs/{again.json()['id']}", headers=alice).json()
+    assert stored["params"]["runconfig"]["checkpoint_path"] == str(
+        (legacy / "model" / "checkpoint_7.mdl").resolve())

@@ -1,5 +1,6 @@
-"""Which files a REST job may read or write: checkpoints of jobs its owner can see, and a
-model_dir inside the job's own folder.
+"""Which files a REST job may read or write: checkpoints of jobs its owner can see, tokenizer
+files under the allowed data roots or in such a job's folder, and a model_dir inside the job's
+own folder.
 
 A job starts from (or evaluates) a checkpoint named by job id, `checkpoint: {job: 12, step: 50}`
 (newest step when `step` is left out), or by a path in `runconfig.checkpoint_path` that lies in
@@ -11,7 +12,7 @@ nothing about what exists outside what the caller may see.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,15 @@ from service import joblogs
 from service.crud import Caller
 from service.models import Job
 from service.preflight import Problem, is_within, resolve_path
+from service.schemas import MAX_ID
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)\.mdl$")  # workers/checkpoint.py's names
-JOB_FOLDER = re.compile(r"^job-(\d+)$")
+JOB_FOLDER = re.compile(r"^job-(\d+)(?:-([0-9a-f]+))?$")  # joblogs.job_dir's names
 
 
-def checkpoint_file(runs_dir: Path, job_id: int, step: int | None) -> Path | None:
-    """The job's checkpoint at `step` (its newest when None), or None if there is none."""
-    model_dir = joblogs.job_dir(runs_dir, job_id) / "model"
+def checkpoint_file(folder: Path, step: int | None) -> Path | None:
+    """The checkpoint at `step` (the newest when None) in a job's folder, or None."""
+    model_dir = folder / "model"
     steps = {}
     if model_dir.is_dir():
         for path in model_dir.iterdir():
@@ -41,11 +43,14 @@ def checkpoint_file(runs_dir: Path, job_id: int, step: int | None) -> Path | Non
     return steps.get(step)
 
 
-def can_see(session: Session, caller: Caller, job_id: int) -> bool:
-    if not 1 <= job_id < 2**63:
-        return False
-    owner = session.scalar(select(Job.owner_id).where(Job.id == job_id))
-    return owner is not None and (caller.is_admin or owner == caller.id)
+def visible_folder(session: Session, caller: Caller, runs_dir: Path, job_id: int) -> Path | None:
+    """The folder of job `job_id` if the caller can see the job, else None."""
+    if not 1 <= job_id <= MAX_ID:
+        return None
+    row = session.execute(select(Job.owner_id, Job.run_key).where(Job.id == job_id)).first()
+    if row is None or not (caller.is_admin or row.owner_id == caller.id):
+        return None
+    return joblogs.job_dir(runs_dir, job_id, row.run_key)
 
 
 def resolve_checkpoint(session: Session, caller: Caller, runs_dir: Path,
@@ -63,8 +68,8 @@ def resolve_checkpoint(session: Session, caller: Caller, runs_dir: Path,
         return None, problems
     if reference is not None:
         job_id, step = reference.job, reference.step
-        found = checkpoint_file(runs_dir, job_id, step) if can_see(session, caller, job_id) \
-            else None
+        folder = visible_folder(session, caller, runs_dir, job_id)
+        found = checkpoint_file(folder, step) if folder is not None else None
         if found is None:
             at = f"step {step}" if step is not None else "any step"
             problems.append((("checkpoint",), f"no checkpoint at {at} of a job {job_id} you "
@@ -73,21 +78,72 @@ def resolve_checkpoint(session: Session, caller: Caller, runs_dir: Path,
     if raw_path is None:
         return None, problems
     where = ("params", "runconfig", "checkpoint_path")
-    refusal = (where, "must name a checkpoint of a job you can see, as runs/job-<id>/model/"
-                      "checkpoint_<step>.mdl (or use `checkpoint: {job: <id>, step: <step>}`)")
+    refusal = (where, "must name a checkpoint in the folder of a job you can see, "
+                      "<job folder>/model/checkpoint_<step>.mdl (or use "
+                      "`checkpoint: {job: <id>, step: <step>}`)")
     resolved = resolve_path(raw_path, runs_dir) if isinstance(raw_path, str) else None
-    root = runs_dir.resolve()
-    if resolved is None or not is_within(resolved, root) or resolved == root:
-        return None, [*problems, refusal]
-    folder = JOB_FOLDER.match(resolved.relative_to(root).parts[0])
-    if folder is None or not can_see(session, caller, int(folder.group(1))) \
+    if resolved is None or not in_visible_job(session, caller, runs_dir, resolved) \
             or not resolved.is_file():
         return None, [*problems, refusal]
     return str(resolved), problems
 
 
+def in_visible_job(session: Session, caller: Caller, runs_dir: Path, path: Path) -> bool:
+    """Whether the resolved `path` lies inside the folder of a job the caller can see: a
+    folder whose run key is not its job's (left by another database) belongs to no job."""
+    root = runs_dir.resolve()
+    if not is_within(path, root) or path == root:
+        return False
+    name = path.relative_to(root).parts[0]
+    folder = JOB_FOLDER.match(name)
+    if folder is None:
+        return False
+    visible = visible_folder(session, caller, root, int(folder.group(1)))
+    return visible is not None and visible.name == name
+
+
+def readable_file(session: Session, caller: Caller, runs_dir: Path, data_roots: Sequence[Path],
+                  raw: Any) -> str | None:
+    """`raw` as the absolute path of a file the caller may read (under an allowed data root or
+    in a job folder the caller can see), or None: missing, forbidden and malformed are one
+    answer, so a refusal says nothing about what exists on the host."""
+    resolved = resolve_path(raw) if isinstance(raw, str) else None
+    if resolved is None:
+        return None
+    roots = [root for root in map(resolve_path, map(str, data_roots)) if root is not None]
+    allowed = any(is_within(resolved, root) for root in roots) \
+        or in_visible_job(session, caller, runs_dir, resolved)
+    return str(resolved) if allowed and resolved.is_file() else None
+
+
+TOKENIZER_FILES = ("vocab_file", "merges_file")
+
+
+def resolve_tokenizer_files(session: Session, caller: Caller, runs_dir: Path,
+                            data_roots: Sequence[Path], params: Mapping[str, Any]
+                            ) -> tuple[dict[str, str], list[Problem]]:
+    """model.tokenizer's files as absolute paths the worker opens, or the problems refusing
+    them (one message for missing and forbidden, as for checkpoints)."""
+    model = params.get("model")
+    tokenizer = model.get("tokenizer") if isinstance(model, Mapping) else None
+    if not isinstance(tokenizer, Mapping):
+        return {}, []
+    files, problems = {}, []
+    for key in TOKENIZER_FILES:
+        if tokenizer.get(key) is None:
+            continue
+        found = readable_file(session, caller, runs_dir, data_roots, tokenizer[key])
+        if found is None:
+            problems.append((("params", "model", "tokenizer", key),
+                             "must name a file you may read: one under the allowed data roots "
+                             "or in the folder of a job you can see"))
+        else:
+            files[key] = found
+    return files, problems
+
+
 def _model_dir_problems(model_dir: Any) -> list[Problem]:
-    """The service keeps each job's model in runs/job-<id>/model; a relative model_dir (what
+    """The service keeps each job's model in its folder's model/; a relative model_dir (what
     ModelZoo params files carry) stays inside it, anything else is refused."""
     if model_dir is None:
         return []
@@ -95,5 +151,5 @@ def _model_dir_problems(model_dir: Any) -> list[Problem]:
     if path is None or path.is_absolute() or ".." in path.parts or model_dir.startswith("~"):
         return [(("params", "runconfig", "model_dir"),
                  "must be a relative path inside the job's own folder (the service keeps each "
-                 "job's model in runs/job-<id>/model); leave it out")]
+                 "job's model in its folder's model/); leave it out")]
     return []

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import secrets
@@ -93,7 +91,7 @@ def add_job(session: Session, *, owner: Caller, **fields: Any) -> RowMapping:
     connection = session.connection()  # the session's transaction: commit/rollback cover it
     job = connection.execute(_INSERT_JOB, {
         "owner_id": owner.id, "status": JobStatus.QUEUED.value, "created_at": now,
-        "attempt": 1, "version": 1, **fields}).mappings().one()
+        "attempt": 1, "version": 1, "run_key": secrets.token_hex(8), **fields}).mappings().one()
     connection.execute(_INSERT_EVENT, {
         "job_id": job["id"], "from_status": None, "to_status": job["status"],
         "message": "submitted", "attempt": 1, "at": now})
@@ -135,44 +133,31 @@ def held_systems(session: Session) -> dict[int, int]:
     return {system: job.id for job in jobs_in(session, statuses=HOLDING) for system in job.systems}
 
 
-def encode_cursor(last_id: int) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"before": last_id}).encode()).decode()
-
-
-def decode_cursor(cursor: str) -> int:
-    try:
-        before = json.loads(base64.urlsafe_b64decode(cursor.encode()))["before"]
-    except (binascii.Error, ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise ValueError("cursor is not one returned by GET /v1/jobs") from None
-    if not isinstance(before, int):
-        raise ValueError("cursor is not one returned by GET /v1/jobs")
-    return before
-
-
 def list_jobs(
     session: Session,
     *,
     owner: Caller,
     limit: int,
-    cursor: str | None = None,
+    cursor: int | None = None,
     status: JobStatus | None = None,
     experiment: str | None = None,
     owner_name: str | None = None,
-) -> tuple[list[Job], str | None]:
-    """Newest first; a non-admin sees only their own jobs."""
+) -> tuple[list[Job], int | None]:
+    """Newest first; a non-admin sees only their own jobs. `cursor`: only jobs older than the
+    job with that id (the last id of the previous page); any id is a valid cursor."""
     query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
     if not owner.is_admin:
         query = query.where(Job.owner_id == owner.id)
     if owner_name is not None:
         query = query.join(Token, Job.owner_id == Token.id).where(Token.name == owner_name)
     if cursor is not None:
-        query = query.where(Job.id < decode_cursor(cursor))
+        query = query.where(Job.id < cursor)
     if status is not None:
         query = query.where(Job.status == status.value)
     if experiment is not None:
         query = query.where(Job.experiment == experiment)
     jobs = list(session.scalars(query).unique())
-    next_cursor = encode_cursor(jobs[limit - 1].id) if len(jobs) > limit else None
+    next_cursor = jobs[limit - 1].id if len(jobs) > limit else None
     return jobs[:limit], next_cursor
 
 

@@ -1,4 +1,4 @@
-"""Each job's log: a text file under runs_dir/<job id>/, next to its checkpoints."""
+"""Each job's log: a text file in the job's folder under runs_dir, next to its checkpoints."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ from pathlib import Path
 _lock = threading.Lock()
 
 
-def job_dir(runs_dir: Path, job_id: int) -> Path:
-    return runs_dir / f"job-{job_id}"
+def job_dir(runs_dir: Path, job_id: int, run_key: str | None) -> Path:
+    """runs_dir/job-<id>-<run key>; job-<id> for a job from before run keys."""
+    return runs_dir / (f"job-{job_id}" if run_key is None else f"job-{job_id}-{run_key}")
 
 
-def log_path(runs_dir: Path, job_id: int) -> Path:
-    return job_dir(runs_dir, job_id) / "job.log"
+def log_path(folder: Path) -> Path:
+    return folder / "job.log"
 
 
-def append(runs_dir: Path, job_id: int, text: str) -> None:
-    path = log_path(runs_dir, job_id)
+def append(folder: Path, text: str) -> None:
+    path = log_path(folder)
     stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
     with _lock:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -28,8 +29,8 @@ def append(runs_dir: Path, job_id: int, text: str) -> None:
                 log.write(f"{stamp} {line}\n")
 
 
-def tail(runs_dir: Path, job_id: int, lines: int) -> str:
-    path = log_path(runs_dir, job_id)
+def tail(folder: Path, lines: int) -> str:
+    path = log_path(folder)
     if not path.exists():
         return ""
     with path.open(encoding="utf-8", errors="replace") as log:

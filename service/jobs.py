@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from service import crud
-from service.checkpoints import resolve_checkpoint
+from service.checkpoints import resolve_checkpoint, resolve_tokenizer_files
 from service.crud import Caller
 from service.models import Job
 from service.preflight import Problem, check_params
 from service.schemas import JobDetail, JobPublic, RunOptions
 from service.settings import Settings
+from workers import memory
 from workers.spec import JobSpec
 
 
@@ -29,15 +31,26 @@ def resolve_num_csx(options: RunOptions, spec: JobSpec) -> int:
     return options.num_csx if options.num_csx is not None else spec.runconfig.num_csx
 
 
+@dataclass(frozen=True)
+class ResolvedFiles:
+    """The files a checked submission reads, as the absolute paths its worker opens."""
+
+    checkpoint: str | None = None
+    tokenizer: dict[str, str] = field(default_factory=dict)  # vocab_file / merges_file
+
+
 def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
-                     session: Session, caller: Caller) -> str | None:
+                     session: Session, caller: Caller) -> ResolvedFiles:
     """The torch-free checks that need the service's settings, the database and the caller;
-    raises SubmissionError. Returns the checkpoint file the job starts from, if any."""
+    raises SubmissionError. Returns the files the job reads (checkpoint, tokenizer)."""
     params = spec.model_dump()
     problems = [(("params", *loc), msg) for loc, msg in
                 check_params(params, allowed_data_roots=settings.allowed_data_roots)]
     checkpoint, refused = resolve_checkpoint(session, caller, settings.runs_dir,
                                              options.checkpoint, params)
+    problems += refused
+    tokenizer, refused = resolve_tokenizer_files(session, caller, settings.runs_dir,
+                                                 settings.allowed_data_roots, params)
     problems += refused
     num_csx = resolve_num_csx(options, spec)
     if num_csx > settings.cluster_size:
@@ -48,19 +61,30 @@ def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
         problems.append((("params", "train_input", "batch_size"),
                          f"global batch_size {spec.train_input.batch_size} must divide evenly "
                          f"over num_csx={num_csx}"))
+    if not problems:  # sized only once its data paths are known to be allowed
+        problems = memory_problems(spec, num_csx, settings)
     if problems:
         raise SubmissionError(problems)
-    return checkpoint
+    return ResolvedFiles(checkpoint, tokenizer)
 
 
-def job_fields(options: RunOptions, spec: JobSpec, *, name: str | None,
-               checkpoint: str | None = None) -> dict[str, Any]:
-    """Job columns for a checked submission; unset options fall back to the params' runconfig.
-    `checkpoint` is check_submission's answer: the file the worker reads."""
+def memory_problems(spec: JobSpec, num_csx: int, settings: Settings) -> list[Problem]:
+    """Admission: the plan's memory estimate (arithmetic, any size in microseconds) against
+    what each of the job's workers has."""
+    refusal = memory.too_big(spec, num_csx, settings.memory_per_csx_bytes)
+    return [(("params", "model"), refusal)] if refusal else []
+
+
+def job_fields(options: RunOptions, spec: JobSpec, settings: Settings, *, name: str | None,
+               files: ResolvedFiles = ResolvedFiles()) -> dict[str, Any]:
+    """Job columns for a checked submission; unset options fall back to the params' runconfig
+    (and timeout_s to the settings'). `files` is check_submission's answer: the paths the
+    worker reads replace the user's."""
     runconfig = spec.runconfig
     params = spec.model_dump(mode="json")
-    if checkpoint is not None:
-        params["runconfig"]["checkpoint_path"] = checkpoint
+    if files.checkpoint is not None:
+        params["runconfig"]["checkpoint_path"] = files.checkpoint
+    params["model"]["tokenizer"].update(files.tokenizer)
     return {
         "name": name or f"{runconfig.mlflow_experiment}-{spec.model.preset or 'custom'}",
         "experiment": options.experiment or runconfig.mlflow_experiment,
@@ -69,7 +93,7 @@ def job_fields(options: RunOptions, spec: JobSpec, *, name: str | None,
         "priority": options.priority,
         "max_failures": (options.max_failures if options.max_failures is not None
                          else runconfig.max_failures),
-        "timeout_s": options.timeout_s,
+        "timeout_s": options.timeout_s or settings.default_timeout_s,
         "tags": dict(options.tags),
         "params": params,
     }

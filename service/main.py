@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
-from pydantic.json_schema import models_json_schema
+import anyio
+from fastapi import FastAPI, Request, Response, status
+from fastapi.responses import JSONResponse
 
 from service import crud
+from service.api.body import PARSE_THREADS
 from service.api.main import api_router
+from service.api.openapi import build_openapi
 from service.db import make_engine, make_sessionmaker, upgrade_database
 from service.limits import BodySizeLimit
 from service.scheduler import Launcher, Scheduler
-from service.schemas import JobCreate, StudyCreate
 from service.settings import Settings
 
 API_PREFIX = "/v1"
@@ -46,24 +48,30 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
                   description="Submit and follow weight-sparse training jobs on a simulated "
                               "CS-2 cluster.")
     app.state.settings = settings
+    app.state.body_parsers = {size: anyio.CapacityLimiter(threads)
+                              for size, threads in PARSE_THREADS.items()}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(api_router, prefix=API_PREFIX)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.openapi = lambda: app.openapi_schema or _cache_openapi(app)  # type: ignore[method-assign]
+    app.add_exception_handler(status.HTTP_405_METHOD_NOT_ALLOWED, _method_not_allowed)
     return app
 
 
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    """The generated schema plus the bodies that routes parse themselves (JSON or YAML)."""
-    if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                             description=app.description)
-        _, defs = models_json_schema([(JobCreate, "validation"), (StudyCreate, "validation")],
-                                     ref_template="#/components/schemas/{model}")
-        schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
-        schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        schema["security"] = [{"bearer": []}]
-        app.openapi_schema = schema
+def _cache_openapi(app: FastAPI) -> dict[str, Any]:
+    app.openapi_schema = build_openapi(app)
     return app.openapi_schema
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    """405 whose Allow lists every method the OpenAPI document gives the path: Starlette names
+    only those of the first route matching it (`Allow: POST` for /v1/jobs, which answers GET)."""
+    allowed = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        pattern = "[^/:]+".join(map(re.escape, re.split(r"\{[^}]*\}", template)))
+        if re.fullmatch(pattern, request.url.path):
+            allowed |= {method.upper() for method in operations}
+    return JSONResponse({"detail": "Method Not Allowed"}, status.HTTP_405_METHOD_NOT_ALLOWED,
+                        headers={"Allow": ", ".join(sorted(allowed))})
 
 
 def _print_dev_token(app: FastAPI) -> None:

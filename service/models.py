@@ -85,6 +85,9 @@ class Job(Base):
     name: Mapped[str] = mapped_column(String(200))
     experiment: Mapped[str] = mapped_column(String(200), index=True)
     status: Mapped[str] = mapped_column(String(20), index=True)
+    # In the job's folder name (joblogs.job_dir): random, so a folder left by another database
+    # (ids start at 1 again) is never this job's. NULL for jobs from before it existed.
+    run_key: Mapped[str | None] = mapped_column(String(32))
     status_message: Mapped[str | None] = mapped_column(Text)
     mode: Mapped[str] = mapped_column(String(20))
     num_csx: Mapped[int] = mapped_column(Integer)

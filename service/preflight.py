@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+Loc = tuple[str | int, ...]
+Problem = tuple[Loc, str]
 # Kept in sync with sparsity.algorithm_names() / sparsity.schedules.schedule_names() by a test:
 # importing sparsity here would import torch into the API process.
 ALGORITHM_NAMES = ("gmp", "granet", "rigl", "set", "static")
@@ -30,6 +32,17 @@ SCHEDULE_NAMES = (
 )
 # Data sets named `builtin:<name>`; kept in sync with workers.data by a test.
 BUILTIN_DATA_SETS = ("shakespeare",)
+# Integers that size a job's time or memory, with the largest each may be: far beyond any run
+# here (the memory admission bounds the model), short of one that never ends.
+WORK_LIMITS: dict[Loc, int] = {
+    ("runconfig", "max_steps"): 10_000_000,
+    ("runconfig", "eval_steps"): 1_000_000,
+    ("train_input", "batch_size"): 65_536,
+    ("eval_input", "batch_size"): 65_536,
+    ("train_input", "max_sequence_length"): 1_048_576,
+    ("eval_input", "max_sequence_length"): 1_048_576,
+    ("model", "tokenizer", "vocab_size"): 1_048_576,
+}
 MAX_REGEX_CHARS = 256
 MAX_PATTERNS = 64
 # Regex matching time: CPython's `re` backtracks and holds the GIL for a whole match, so a
@@ -40,13 +53,11 @@ MAX_PATTERNS = 64
 NAME_CHARS = 128
 MAX_BACKTRACKING = NAME_CHARS ** 3
 _CADENCE_KEYS = frozenset({"freq", "start", "stop", "steps"})
-Loc = tuple[str | int, ...]
-Problem = tuple[Loc, str]
 
 
 def check_params(params: Mapping[str, Any], *,
                  allowed_data_roots: Sequence[Path]) -> list[Problem]:
-    problems: list[Problem] = []
+    problems = work_problems(params)
     if params.get("sparsity") is not None:
         problems += check_sparsity(params["sparsity"], ("sparsity",))
     for section in ("train_input", "eval_input"):
@@ -60,6 +71,18 @@ def check_params(params: Mapping[str, Any], *,
             message = check_data_dir(path, allowed_data_roots)
             if message:
                 problems.append((loc, message))
+    return problems
+
+
+def work_problems(params: Mapping[str, Any]) -> list[Problem]:
+    """Integers that size a job's work beyond WORK_LIMITS (the schema takes any positive int)."""
+    problems: list[Problem] = []
+    for loc, limit in WORK_LIMITS.items():
+        value: Any = params
+        for key in loc:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            problems.append((loc, f"at most {limit:,}, got {_short(value)}"))
     return problems
 
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from service import crud, joblogs
+from service.jobs import memory_problems
 from service.models import Job
 from service.settings import Settings
 from service.states import RESUMABLE, TERMINAL, JobStatus, move
@@ -87,6 +88,7 @@ class RayLauncher:
 @dataclass
 class Execution:
     job_id: int
+    folder: Path  # the job's folder: its log, model and checkpoints
     handle: Handle | None = None
     stop_reason: str | None = None  # why the scheduler stopped it: "cancelled" or "timeout"
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -168,12 +170,12 @@ class Scheduler:
                     if status is not S.RECOVERING:
                         self._move(session, job, S.RECOVERING,
                                    "service restarted; resuming from the last checkpoint")
-                    resume.append(job.id)
+                    resume.append(job)
             session.commit()
         # Only after the commit: an execution thread must read RECOVERING, not the old state.
-        for job_id in resume:
-            joblogs.append(self.settings.runs_dir, job_id, "resuming after restart")
-            self._spawn(job_id, resume=True)
+        for job in resume:
+            execution = self._spawn(job, resume=True)
+            joblogs.append(execution.folder, "resuming after restart")
 
     # ---- one pass --------------------------------------------------------------------------
     def tick(self) -> None:
@@ -206,20 +208,22 @@ class Scheduler:
             job.systems, free = free[:job.num_csx], free[job.num_csx:]
             self._move(session, job, S.VALIDATING, f"systems {job.systems} reserved")
             session.commit()
-            self._spawn(job.id, resume=False)
+            self._spawn(job, resume=False)
 
     # ---- execution threads -----------------------------------------------------------------
-    def _spawn(self, job_id: int, *, resume: bool) -> None:
-        execution = Execution(job_id)
+    def _spawn(self, job: Job, *, resume: bool) -> Execution:
+        execution = Execution(job.id, joblogs.job_dir(self.settings.runs_dir, job.id,
+                                                      job.run_key))
         with self._executions_lock:
-            self._executions[job_id] = execution
+            self._executions[job.id] = execution
         threading.Thread(target=self._execute, args=(execution, resume),
-                         name=f"csx-job-{job_id}", daemon=True).start()
+                         name=f"csx-job-{job.id}", daemon=True).start()
+        return execution
 
     def _execute(self, execution: Execution, resume: bool) -> None:
         job_id = execution.job_id
         try:
-            spec, launch_args = self._prepare(job_id, resume)
+            spec, launch_args = self._prepare(execution, resume)
             if execution.stop_reason is None:
                 handle = self.launcher(spec, **launch_args)
                 execution.attach(handle)
@@ -231,7 +235,7 @@ class Scheduler:
         except Exception as err:
             # The job boundary: whatever went wrong becomes the job's FAILED reason (one line,
             # for users) and, with its traceback, the job's log.
-            joblogs.append(self.settings.runs_dir, job_id, traceback.format_exc())
+            joblogs.append(execution.folder, traceback.format_exc())
             self._finish(job_id, execution, S.FAILED,
                          user_reason(err, self.settings.runs_dir, job_id))
         finally:
@@ -239,14 +243,19 @@ class Scheduler:
                 self._executions.pop(job_id, None)
             self.wake()
 
-    def _prepare(self, job_id: int, resume: bool) -> tuple[Any, dict[str, Any]]:
+    def _prepare(self, execution: Execution, resume: bool) -> tuple[Any, dict[str, Any]]:
         """VALIDATING → PROVISIONING (deep validation, with torch), or resume as is."""
         from workers.spec import JobSpec
 
+        job_id = execution.job_id
         with self.sessions() as session:
             job = self._load(session, job_id)
             spec = JobSpec.model_validate(job.params)
             if not resume:
+                # Admission again: a job queued before the limit (or this check) existed.
+                too_big = memory_problems(spec, job.num_csx, self.settings)
+                if too_big:
+                    raise ValueError(f"invalid job: {too_big[0][1]}")
                 try:
                     from workers.plan import validate_plan
 
@@ -257,7 +266,7 @@ class Scheduler:
                 ignored = job.plan.get("not_applied") or []
                 note = f"; not applied here (hardware-only keys): {', '.join(ignored)}" if ignored else ""
                 self._move(session, job, S.PROVISIONING, f"plan validated{note}")
-            model_dir = joblogs.job_dir(self.settings.runs_dir, job.id) / "model"
+            model_dir = execution.folder / "model"
             from service.studies import run_identity
 
             run_name, run_tags = run_identity(job)  # MLflow run name and csx.* tags
@@ -265,7 +274,7 @@ class Scheduler:
                 "num_csx": job.num_csx, "mode": job.mode, "model_dir": str(model_dir),
                 "mlflow_run_id": job.mlflow_run_id, "experiment": job.experiment,
                 "parent_run_id": job.study.mlflow_run_id if job.study else None,
-                "progress": lambda event: self._on_progress(job_id, event),
+                "progress": lambda event: self._on_progress(execution, event),
                 "max_failures": job.max_failures,
                 "tracking_uri": self.settings.mlflow_tracking_uri,
                 "run_name": run_name, "tags": run_tags,
@@ -283,9 +292,9 @@ class Scheduler:
 
         self._apply(job_id, apply)
 
-    def _on_progress(self, job_id: int, event: dict[str, Any]) -> None:
+    def _on_progress(self, execution: Execution, event: dict[str, Any]) -> None:
         event = json.loads(json.dumps(event, default=str))
-        joblogs.append(self.settings.runs_dir, job_id, json.dumps(event))
+        joblogs.append(execution.folder, json.dumps(event))
 
         def apply(session: Session, job: Job) -> None:
             if event.get("event") == "recovering":
@@ -298,7 +307,7 @@ class Scheduler:
             if job.status == S.RECOVERING:
                 self._move(session, job, S.RUNNING, "worker group back")
 
-        self._apply(job_id, apply)
+        self._apply(execution.job_id, apply)
 
     def _finish(self, job_id: int, execution: Execution, outcome: JobStatus, message: str,
                 result: dict[str, Any] | None = None) -> None:
@@ -321,7 +330,7 @@ class Scheduler:
                 self._move(session, job, S.RUNNING, "resumed")
             self._move(session, job, target, message)
 
-        joblogs.append(self.settings.runs_dir, job_id, f"{outcome.value}: {message}")
+        joblogs.append(execution.folder, f"{outcome.value}: {message}")
         self._apply(job_id, apply)
 
     # ---- helpers ---------------------------------------------------------------------------

@@ -18,11 +18,18 @@ from pydantic import (
 
 from workers.spec import JobSpec, with_overrides
 
+# Ids are `integer` columns: 32-bit on PostgreSQL. A larger id cannot exist, so it is a 422
+# (PostgreSQL refused to compare one: a 500).
+MAX_ID = 2**31 - 1
 Mode = Literal["train", "eval", "train_and_eval", "eval_all"]
 StudyAlgorithm = Literal["dense", "static", "set", "rigl", "granet"]
-Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
-TagKey = Annotated[str, StringConstraints(min_length=1, max_length=100)]
-TagValue = Annotated[str, StringConstraints(max_length=1000)]
+# No NUL characters: PostgreSQL cannot store them in text (bodies are checked for them anywhere
+# before validation; the pattern documents it).
+NO_NUL = r"^[^\x00]*$"
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True,
+                                        pattern=NO_NUL)]
+TagKey = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=NO_NUL)]
+TagValue = Annotated[str, StringConstraints(max_length=1000, pattern=NO_NUL)]
 
 
 class CheckpointRef(BaseModel):
@@ -30,7 +37,7 @@ class CheckpointRef(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    job: int = Field(ge=1, le=2**63 - 1)
+    job: int = Field(ge=1, le=MAX_ID)
     step: int | None = Field(default=None, ge=0, le=2**63 - 1, description="default: newest")
 
 
@@ -106,7 +113,7 @@ class JobDetail(JobPublic):
 class JobsPage(BaseModel):
     data: list[JobPublic]
     count: int
-    next_cursor: str | None = Field(description="?cursor= for the next page; null at the end")
+    next_cursor: int | None = Field(description="?cursor= for the next page; null at the end")
 
 
 class JobEventPublic(BaseModel):
@@ -167,7 +174,29 @@ class StudyVariant(BaseModel):
         return self.model_copy(update={"batch_size": batch, "max_steps": steps})
 
 
+def _study_schema(schema: dict[str, Any]) -> None:
+    """The rules of _one_way_to_name_variants that JSON Schema can say, so a body the schema
+    allows is one the service accepts: exactly one of `algorithms` and `variants` (neither
+    null), and `sparsity` whenever `algorithms` lists more than dense."""
+    properties = schema["properties"]
+    for key in ("algorithms", "variants"):
+        properties[key] = next(s for s in properties[key]["anyOf"] if s.get("type") != "null")
+    properties["algorithms"]["uniqueItems"] = True
+    properties["seeds"]["anyOf"][0]["uniqueItems"] = True
+    properties["sparsity"]["anyOf"][0].update(exclusiveMinimum=0, exclusiveMaximum=1)
+    properties["algorithm_options"]["anyOf"][0]["not"] = {"required": ["dense"]}
+    sparse = {"contains": {"not": {"const": "dense"}}}
+    schema["oneOf"] = [
+        {"required": ["variants"], "not": {"required": ["algorithms"]}},
+        {"required": ["algorithms"], "not": {"required": ["variants"]},
+         "anyOf": [{"properties": {"algorithms": {"not": sparse}}},
+                   {"required": ["sparsity"], "properties": {"sparsity": {"type": "number"}}}]},
+    ]
+
+
 class StudyCreate(RunOptions):
+    model_config = ConfigDict(json_schema_extra=_study_schema)
+
     name: Name
     mode: Mode = "train_and_eval"  # a study compares eval perplexities
     params: JobSpec
@@ -181,6 +210,13 @@ class StudyCreate(RunOptions):
         default=None, min_length=1, max_length=10,
         description="run every variant once per seed (as runconfig.seed); the report gives "
                     "mean ± sd per variant and which gaps exceed seed noise")
+
+    @field_validator("algorithms", "variants", mode="before")
+    @classmethod
+    def _absent_not_null(cls, value: Any) -> Any:
+        if value is None:  # only an explicit null reaches here: defaults are not validated
+            raise ValueError("leave it out instead of null")
+        return value
 
     @field_validator("sparsity")
     @classmethod

@@ -7,6 +7,7 @@ docker-compose.yml overrides them with PostgreSQL, an MLflow server and a Ray cl
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field, field_validator
@@ -29,6 +30,12 @@ class Settings(BaseSettings):
     # Create an admin token named "dev" on start and print it (for `make run` on a laptop).
     dev_token: bool = False
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    # Memory each CS-2 system's worker may use; a job needs its plan's per-worker estimate to
+    # fit. Default: this machine's physical memory shared by the cluster's systems (the local
+    # Ray cluster runs every worker here, and concurrent jobs share it).
+    # timeout_s of a job that gives none: no job holds its systems forever.
+    default_timeout_s: float = Field(default=86400.0, gt=0, le=30 * 86400, allow_inf_nan=False)
+    memory_per_csx_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     scheduler_interval_s: float = Field(default=0.2, gt=0, le=60)
     # Least time between two scheduler passes: bounds its share of the CPU under a burst of
     # submissions; a queued job starts at most this much later.
@@ -59,6 +66,13 @@ class Settings(BaseSettings):
     @classmethod
     def _absolute_runs_dir(cls, path: Path) -> Path:
         return path.expanduser().resolve()
+
+    @property
+    def memory_per_csx_bytes(self) -> int:
+        if self.memory_per_csx_gib is not None:
+            return int(self.memory_per_csx_gib * 2**30)
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return physical // self.cluster_size
 
     @property
     def is_sqlite(self) -> bool:

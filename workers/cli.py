@@ -133,8 +133,13 @@ def _run(args: argparse.Namespace) -> int:
 
         print(plan_table(validate_plan(spec, num_csx), debug=args.logging == "DEBUG"))
         return 0
-    from workers.plan import check_fits, validate_plan
+    from workers.memory import too_big
+    from workers.plan import available_memory, check_fits, validate_plan
 
+    # Arithmetic first: a model far too big is refused before anything is built.
+    refusal = too_big(spec, num_csx, available_memory() // num_csx)
+    if refusal:
+        raise ValueError(f"model: {refusal}")
     check_fits(validate_plan(spec, num_csx), spec)  # data and memory, before any worker starts
     for key in spec.not_applied():
         logging.getLogger("csx").info("not applied here (hardware-only key): %s", key)

@@ -17,11 +17,10 @@ from typing import Any
 
 from torch import nn
 
+from workers import memory
 from workers.job import build_sparse_model, check_data, model_config, optimizer_class, planned_shapes
 from workers.model import ModelConfig
 from workers.spec import JobSpec
-
-FLOAT_BYTES = 4
 
 
 def _attention_flops_per_token(config: ModelConfig, seq_len: int) -> int:
@@ -71,18 +70,13 @@ def _projection(model: nn.Module, densities: dict[str, float], seq_len: int, tok
 
 def training_memory(spec: JobSpec, config: ModelConfig, parameters: int, sparse_weights: int,
                     seq_len: int, num_csx: int) -> dict[str, int]:
-    """Bytes one worker needs to train (fp32): weights, gradients, optimizer state, masks and
-    the activations kept for backward of its batch slice (per layer and token: ~10 hidden-size
-    vectors, the FFN's hidden units, the attention scores; plus logits and their gradient)."""
+    """Bytes one worker needs to train (workers.memory.training_memory) for the built model."""
+    optimizer_class(spec.optimizer.optimizer_type)  # an unknown name is refused here, by name
     c = config.widened()
-    name = optimizer_class(spec.optimizer.optimizer_type).__name__.lower()
-    state_floats = 2 if "adam" in name else 1 if spec.optimizer.momentum else 0
-    batch = spec.train_input.batch_size // num_csx
-    per_token_layer = 10 * c.hidden_size + (3 if c.is_glu else 2) * c.filter_size + c.num_heads * seq_len
-    activations = batch * seq_len * (c.num_hidden_layers * per_token_layer + 2 * c.vocab_size)
-    return {"weights": parameters * FLOAT_BYTES, "gradients": parameters * FLOAT_BYTES,
-            "optimizer_state": state_floats * parameters * FLOAT_BYTES, "masks": sparse_weights,
-            "activations": activations * FLOAT_BYTES}
+    shapes = memory.Shapes(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+                           filter_size=c.filter_size, num_hidden_layers=c.num_hidden_layers,
+                           num_heads=c.num_heads, is_glu=c.is_glu, seq_len=seq_len)
+    return memory.training_memory(spec, shapes, parameters, sparse_weights, num_csx)
 
 
 def available_memory() -> int:

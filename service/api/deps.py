@@ -17,11 +17,11 @@ from sqlalchemy.orm import Session
 from service import crud
 from service.crud import Caller
 from service.models import Job, Study
+from service.schemas import MAX_ID
 from service.scheduler import Scheduler
 from service.settings import Settings
 
-# Ids are 64-bit signed integers in every backend; larger ones cannot exist, so they are 422s.
-ResourceId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+ResourceId = Annotated[int, Path(ge=1, le=MAX_ID)]
 bearer = HTTPBearer(auto_error=False, description="a token from `csx token create`")
 
 
@@ -51,6 +51,9 @@ async def get_current_user(
     if credentials is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Not authenticated", unauthorized)
     caller = crud.get_caller(session, secret=credentials.credentials)
+    # End the read so the connection goes back to the pool while the request waits for its
+    # body to arrive and be parsed (behind others' uploads); a plain record stays valid.
+    session.rollback()
     if caller is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Invalid token", unauthorized)
     return caller

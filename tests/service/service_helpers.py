@@ -29,10 +29,10 @@ from sqlalchemy import inspect
 
 from fastapi.testclient import TestClient
 
-from service import crud
+from service import crud, joblogs
 from service.db import make_engine, upgrade_database
 from service.local_stack import StackProcess, descendants, free_port, wait_until_up
-from service.models import Base
+from service.models import Base, Job
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PG_SCRIPT = Path(__file__).with_name("pg.sh")
@@ -82,7 +82,8 @@ class ScriptedLauncher:
         return handle
 
     def launches_of(self, job_id: int) -> list[ScriptedHandle]:
-        return [h for h in self.handles if f"/job-{job_id}/" in h.kwargs["model_dir"]]
+        return [h for h in self.handles
+                if Path(h.kwargs["model_dir"]).parent.name.startswith(f"job-{job_id}-")]
 
     def handle_for(self, job_id: int, *, launch: int = 1, timeout_s: float = 30) -> ScriptedHandle:
         """The handle of the job's `launch`-th launch, waiting for it to happen."""
@@ -100,6 +101,12 @@ def make_token(client: TestClient, name: str, *, admin: bool = False) -> dict[st
         _, secret = crud.create_token(session, name=name, is_admin=admin)
         session.commit()
     return {"Authorization": f"Bearer {secret}"}
+
+
+def job_folder(client: TestClient, runs_dir: Path, job_id: int) -> Path:
+    """The job's folder under runs_dir (its name holds the job's run key)."""
+    with client.app.state.sessionmaker() as session:
+        return joblogs.job_dir(runs_dir, job_id, session.get(Job, job_id).run_key)
 
 
 def job_body(**options: Any) -> dict[str, Any]:

@@ -8,7 +8,14 @@ from service.main import create_app
 from service.models import Job
 from service.settings import Settings
 from service.states import JobStatus, move
-from service_helpers import ScriptedLauncher, job_body, make_token, wait_for, wait_status
+from service_helpers import (
+    ScriptedLauncher,
+    job_body,
+    job_folder,
+    make_token,
+    wait_for,
+    wait_status,
+)
 
 
 def _submit(client: TestClient, headers: dict[str, str], **options: object) -> int:
@@ -29,7 +36,8 @@ def test_job_runs_to_success_through_every_state(client: TestClient, alice: dict
     running = wait_status(client, alice, job_id, "RUNNING")
     assert running["systems"] == [0, 1] and running["started_at"] is not None
     assert handle.kwargs["num_csx"] == 2 and handle.kwargs["mode"] == "train_and_eval"
-    assert handle.kwargs["model_dir"].endswith(f"job-{job_id}/model")
+    assert handle.kwargs["model_dir"] == str(
+        job_folder(client, client.app.state.settings.runs_dir, job_id) / "model")
     plan = client.get(f"/v1/jobs/{job_id}", headers=alice).json()["plan"]
     assert plan, "VALIDATING stores validate_plan's result"
     handle.kwargs["progress"]({"step": 5, "max_steps": 10, "loss": 2.5})
@@ -185,5 +193,6 @@ def test_restart_resumes_holding_jobs_and_keeps_queue(service_settings: Settings
         assert status["validating"] == "QUEUED" and status["queued"] == "QUEUED"
         assert status["cancelling"] == "CANCELLED"
         assert _statuses(client, alice, ids["running"])[-2:] == ["RECOVERING", "RUNNING"]
-        assert handle.kwargs["model_dir"].endswith(f"job-{ids['running']}/model")
+        assert handle.kwargs["model_dir"] == str(
+            job_folder(client, service_settings.runs_dir, ids["running"]) / "model")
         assert len(launcher.handles) == 1, "paused: only the resumed job runs"

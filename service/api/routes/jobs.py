@@ -19,16 +19,20 @@ from service.api.body import (
 )
 from service.api.deps import CurrentUser, OwnedJob, SchedulerDep, SessionDep, SettingsDep
 from service.jobs import (
+    ResolvedFiles,
     SubmissionError,
     check_submission,
     job_fields,
     job_public,
+    memory_problems,
     resolve_num_csx,
     to_detail,
     to_public,
 )
 from service.models import IdempotencyKey
 from service.schemas import (
+    MAX_ID,
+    NO_NUL,
     JobCreate,
     JobDetail,
     JobEventsPage,
@@ -37,6 +41,7 @@ from service.schemas import (
     ValidationPublic,
 )
 from service.states import IllegalTransition, JobStatus, move
+from workers.spec import JobSpec
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 IdempotencyKeyHeader = Annotated[
@@ -44,7 +49,7 @@ IdempotencyKeyHeader = Annotated[
 ]
 
 
-Parsed = tuple[dict[str, Any], JobCreate, str | None]  # body, schema, checkpoint file
+Parsed = tuple[dict[str, Any], JobCreate, ResolvedFiles]  # body, schema, files it reads
 
 
 async def _parse_job(request: Request, settings: SettingsDep, session: SessionDep,
@@ -52,11 +57,11 @@ async def _parse_job(request: Request, settings: SettingsDep, session: SessionDe
     data = nest_params(await read_mapping(request), JobCreate)
     job_in = validate(JobCreate, data)
     try:
-        checkpoint = check_submission(job_in, job_in.params, settings, session=session,
-                                      caller=user)
+        files = check_submission(job_in, job_in.params, settings, session=session,
+                                 caller=user)
     except SubmissionError as err:
         raise unprocessable(err.problems) from None
-    return data, job_in, checkpoint
+    return data, job_in, files
 
 
 # Validation builds a model with torch (up to seconds): its handler is a plain function so that
@@ -66,21 +71,20 @@ ParsedJob = Annotated[Parsed, Depends(_parse_job)]
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic,
              openapi_extra=request_body_openapi("JobCreate"),
-             responses={409: {"description": "Idempotency-Key reused with another body"},
-                        413: {"description": "body over the size limit"}})
+             responses={409: {"description": "Idempotency-Key reused with another body"}})
 async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
                      settings: SettingsDep, scheduler: SchedulerDep,
                      idempotency_key: IdempotencyKeyHeader = None) -> Response:
     # Async on purpose: its few SQLite writes then run one at a time on the event loop, which
     # measured faster than thread-pool handlers contending for SQLite's write lock.
-    data, job_in, checkpoint = await _parse_job(request, settings, session, user)
+    data, job_in, files = await _parse_job(request, settings, session, user)
     body_hash = crud.request_hash(data)
     if idempotency_key is not None:
         replay = _replay(session, user, idempotency_key, body_hash)
         if replay is not None:
             return replay
-    job = crud.add_job(session, owner=user, **job_fields(job_in, job_in.params, name=job_in.name,
-                                                         checkpoint=checkpoint))
+    fields = job_fields(job_in, job_in.params, settings, name=job_in.name, files=files)
+    job = crud.add_job(session, owner=user, **fields)
     public = job_public(session, job, user.name, settings)
     if idempotency_key is not None:
         session.add(IdempotencyKey(owner_id=user.id, key=idempotency_key, request_hash=body_hash,
@@ -134,16 +138,15 @@ def validate_job(parsed: ParsedJob, user: CurrentUser) -> ValidationPublic:
 def list_jobs(
     session: SessionDep, user: CurrentUser, settings: SettingsDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[int | None, Query(ge=1, le=MAX_ID, description=(
+        "next_cursor of the previous page: jobs older than that job id"))] = None,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
-    experiment: Annotated[str | None, Query(max_length=200)] = None,
-    owner: Annotated[str | None, Query(max_length=100, description="token name")] = None,
+    experiment: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
+    owner: Annotated[str | None, Query(max_length=100, pattern=NO_NUL,
+                                       description="token name")] = None,
 ) -> JobsPage:
-    try:
-        jobs, next_cursor = crud.list_jobs(session, owner=user, limit=limit, cursor=cursor,
-                                           status=status_, experiment=experiment, owner_name=owner)
-    except ValueError as err:
-        raise unprocessable([(("cursor",), str(err))], prefix=("query",)) from None
+    jobs, next_cursor = crud.list_jobs(session, owner=user, limit=limit, cursor=cursor,
+                                       status=status_, experiment=experiment, owner_name=owner)
     data = [to_public(session, job, settings) for job in jobs]
     return JobsPage(data=data, count=len(data), next_cursor=next_cursor)
 
@@ -161,7 +164,7 @@ def get_job_events(job: OwnedJob) -> JobEventsPage:
 @router.get("/{job_id:int}/logs", response_class=PlainTextResponse)
 def get_job_logs(job: OwnedJob, settings: SettingsDep,
                  tail: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> str:
-    return joblogs.tail(settings.runs_dir, job.id, tail)
+    return joblogs.tail(joblogs.job_dir(settings.runs_dir, job.id, job.run_key), tail)
 
 
 @router.post("/{job_id:int}:cancel", status_code=status.HTTP_202_ACCEPTED,
@@ -179,6 +182,10 @@ def cancel_job(job: OwnedJob, user: CurrentUser, session: SessionDep, settings: 
              response_model=JobPublic, responses={409: {"description": "illegal transition"}})
 def retry_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
               scheduler: SchedulerDep) -> JobPublic:
+    """Queue a failed or cancelled job again, if it still fits the cluster's memory."""
+    problems = memory_problems(JobSpec.model_validate(job.params), job.num_csx, settings)
+    if problems:
+        raise unprocessable(problems, prefix=("job",))
     _move(session, job, JobStatus.QUEUED, f"retry (attempt {job.attempt + 1})", settings)
     scheduler.wake()
     return to_public(session, job, settings)

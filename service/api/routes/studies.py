@@ -36,22 +36,22 @@ async def create_study(request: Request, session: SessionDep, user: CurrentUser,
         try:
             spec = variant_spec(study_in.params, sparsity, seed, batch_size=batch_size,
                                 max_steps=max_steps)
-            checkpoint = check_submission(study_in, spec, settings, session=session, caller=user)
+            files = check_submission(study_in, spec, settings, session=session, caller=user)
         except SubmissionError as err:
             where = "variants" if study_in.variants is not None else "algorithms"
             problems = [((where, index % per_seed, *loc), msg) for loc, msg in err.problems]
             raise unprocessable(problems) from None
         except ValueError as err:  # pydantic's ValidationError of the variant's section
             raise unprocessable([(("variants", index % per_seed, "sparsity"), str(err))]) from None
-        specs.append((name, seed, spec, checkpoint))
+        specs.append((name, seed, spec, files))
     experiment = study_in.experiment or study_in.params.runconfig.mlflow_experiment
     study = crud.add_study(session, owner=user, name=study_in.name, experiment=experiment,
                            request=study_in.model_dump(mode="json") | full_size_request(body))
     study.mlflow_experiment_id, study.mlflow_run_id = open_parent_run(settings, study)
-    for name, seed, spec, checkpoint in specs:
+    for name, seed, spec, files in specs:
         suffix = "" if seed is None else f"/seed{seed}"
-        fields = job_fields(study_in, spec, name=f"{study_in.name}/{name}{suffix}",
-                            checkpoint=checkpoint)
+        fields = job_fields(study_in, spec, settings, name=f"{study_in.name}/{name}{suffix}",
+                            files=files)
         fields["tags"] = {**fields["tags"], "csx.variant": name, "csx.study": study_in.name,
                           **({} if seed is None else {"csx.seed": str(seed)})}
         crud.add_job(session, owner=user, study_id=study.id, **fields)

@@ -1,0 +1,139 @@
+"""The memory a job's training takes, from its spec alone: arithmetic on shapes, without torch.
+
+Admission (the service on every path that queues a job, ``csx run`` before it builds anything)
+compares this estimate with what the workers have, so a model far too big is refused in
+microseconds whatever its size, instead of being built or allocated. ``workers.plan`` reports
+the same numbers from the model it builds on the meta device; a test keeps the parameter count
+here equal to that model's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.spec import HDF5_PROCESSORS, JobSpec
+
+FLOAT_BYTES = 4
+BYTE_VOCAB = 256
+DEFAULT_BPE_VOCAB = 2048
+GLU_NONLINEARITIES = ("swiglu", "geglu", "reglu")
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The widths that size a run: the model as built (Sparse-Wide applied) and the batch."""
+
+    vocab_size: int
+    hidden_size: int
+    filter_size: int
+    num_hidden_layers: int
+    num_heads: int
+    is_glu: bool
+    seq_len: int
+
+
+def _is_hdf5(spec: JobSpec) -> bool:
+    """As workers.job.is_hdf5 for train_input, without opening any file."""
+    train = spec.train_input
+    if train.data_processor is not None:
+        return train.data_processor in HDF5_PROCESSORS
+    try:
+        return any(Path(d).is_dir() and any(Path(d).glob("*.h5")) for d in train.data_dirs()
+                   if not d.startswith("builtin:"))
+    except OSError:  # a name too long or unreadable: no HDF5 files that training could read
+        return False
+
+
+def vocab_size(spec: JobSpec) -> int:
+    """The vocabulary the model is built with: the model's for HDF5 (already tokenized) data,
+    else the tokenizer's unless model.vocab_size is larger (workers.job.planned_shapes)."""
+    if _is_hdf5(spec):
+        return spec.model.resolved()["vocab_size"]
+    tokenizer = spec.model.tokenizer
+    from_tokenizer = BYTE_VOCAB if tokenizer.type == "byte" else tokenizer.vocab_size or DEFAULT_BPE_VOCAB
+    return max(spec.model.vocab_size or 0, from_tokenizer)
+
+
+def shapes(spec: JobSpec) -> Shapes:
+    """The shapes of the model `spec` builds; an HDF5 run without max_sequence_length is
+    sized at max_position_embeddings, the longest sequence the model accepts."""
+    model = spec.model.resolved()
+    hidden, heads, filter_size = model["hidden_size"], model["num_heads"], model["filter_size"]
+    sparsity = model["sparse_wide_sparsity"]
+    if sparsity:  # Sparse-Wide, as workers.model.ModelConfig.widened
+        k = 1.0 / math.sqrt(1.0 - sparsity)
+        hidden = 2 * max(1, round(hidden // heads * k / 2)) * heads
+        filter_size = max(1, round(filter_size * k))
+    return Shapes(vocab_size=vocab_size(spec), hidden_size=hidden, filter_size=filter_size,
+                  num_hidden_layers=model["num_hidden_layers"], num_heads=heads,
+                  is_glu=model["nonlinearity"] in GLU_NONLINEARITIES,
+                  seq_len=spec.train_input.max_sequence_length or model["max_position_embeddings"])
+
+
+def parameter_count(spec: JobSpec, s: Shapes) -> tuple[int, int]:
+    """(unique parameters, entries of the matrices a sparsity section may mask) of the model."""
+    m = spec.model.resolved()
+    h, f = s.hidden_size, s.filter_size
+    norm = (1 if m["norm_type"] == "rmsnorm" else 2) * h
+    attention_matrices = 4 * h * h
+    attention = (attention_matrices + 3 * h * m["use_projection_bias_in_attention"]
+                 + h * m["use_ffn_bias_in_attention"])
+    ffn_in = (2 if s.is_glu else 1) * h * f
+    ffn = ffn_in + f * h + m["use_ffn_bias"] * ((2 if s.is_glu else 1) * f + h)
+    layers = s.num_hidden_layers * (2 * norm + attention + ffn) + norm
+    embeddings = s.vocab_size * h + (m["max_position_embeddings"] * h
+                                     if m["position_embedding_type"] == "learned" else 0)
+    head = (0 if m["share_embedding_weights"] else s.vocab_size * h) \
+        + s.vocab_size * m["use_bias_in_output"]
+    matrices = s.num_hidden_layers * (attention_matrices + ffn_in + f * h)
+    return layers + embeddings + head, matrices
+
+
+def training_memory(spec: JobSpec, s: Shapes, parameters: int, sparse_weights: int,
+                    num_csx: int) -> dict[str, int]:
+    """Bytes one worker needs to train (fp32): weights, gradients, optimizer state, masks and
+    the activations kept for backward of its batch slice (per layer and token: ~10 hidden-size
+    vectors, the FFN's hidden units, the attention scores; plus logits and their gradient)."""
+    name = spec.optimizer.optimizer_type.lower()
+    state_floats = 2 if "adam" in name else 1 if spec.optimizer.momentum else 0
+    batch = spec.train_input.batch_size // num_csx
+    per_token_layer = (10 * s.hidden_size + (3 if s.is_glu else 2) * s.filter_size
+                       + s.num_heads * s.seq_len)
+    activations = batch * s.seq_len * (s.num_hidden_layers * per_token_layer + 2 * s.vocab_size)
+    return {"weights": parameters * FLOAT_BYTES, "gradients": parameters * FLOAT_BYTES,
+            "optimizer_state": state_floats * parameters * FLOAT_BYTES, "masks": sparse_weights,
+            "activations": activations * FLOAT_BYTES}
+
+
+def estimate(spec: JobSpec, num_csx: int) -> dict[str, int]:
+    """training_memory per worker from the spec alone (see _estimate)."""
+    return _estimate(spec, num_csx)[0]
+
+
+def _estimate(spec: JobSpec, num_csx: int) -> tuple[dict[str, int], int]:
+    """(training_memory per worker, parameters); masks are counted for every matrix when there
+    is a sparsity section (an upper bound: a param_filter may mask fewer)."""
+    s = shapes(spec)
+    parameters, matrices = parameter_count(spec, s)
+    memory = training_memory(spec, s, parameters, matrices if spec.sparsity is not None else 0,
+                             num_csx)
+    return memory, parameters
+
+
+def too_big(spec: JobSpec, num_csx: int, per_worker_limit: int) -> str | None:
+    """Why the job cannot train with `per_worker_limit` bytes per worker, or None."""
+    memory, parameters = _estimate(spec, num_csx)
+    need = sum(memory.values())
+    if need <= per_worker_limit:
+        return None
+    parts = ", ".join(f"{k} {_gib(v)}" for k, v in memory.items())
+    return (f"this job does not fit: training needs an estimated {_gib(need)} per worker "
+            f"({parts}; {parameters:,} parameters) but each of the {num_csx} worker(s) has "
+            f"{_gib(per_worker_limit)}: train a scaled-down proxy (smaller hidden_size / "
+            "num_hidden_layers / batch_size) or use more CS-2 systems")
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:,.2f} GiB"

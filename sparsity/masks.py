@@ -115,6 +115,8 @@ def apply_mask_(mask: torch.Tensor, *tensors: torch.Tensor) -> None:
     inverted mask, many times faster on CPU than ``masked_fill_``. Parameters are edited in
     place, so call it under ``torch.no_grad()`` for them.
     """
+    if mask.is_meta:
+        return  # shapes only (a plan of a model of any size): no values to zero, no work to do
     by_type: dict[torch.dtype, list[torch.Tensor]] = {}
     for tensor in tensors:
         bits = _SAME_WIDTH_INT.get(tensor.element_size()) if tensor.is_floating_point() else None

@@ -97,3 +97,25 @@ def test_output_and_input_group_shapers_balance_counts():
 def test_shaper_rejects_indivisible_groups():
     with pytest.raises(ValueError, match="balance_out_groups=3"):
         OutputGroupScoreShaper(3).shape(torch.zeros(4, 4))
+
+
+def test_apply_mask_on_meta_tensors_does_no_work():
+    """A plan builds models of any size on the meta device: masking there must not loop over
+    chunks of a 10^10-entry weight (that loop is what kept :validate busy for minutes)."""
+    from torch.overrides import TorchFunctionMode
+
+    from sparsity.masks import apply_mask_
+
+    class CountCalls(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            CountCalls.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    weight = torch.empty(100_000, 100_000, device="meta")
+    mask = torch.empty(100_000, 100_000, dtype=torch.bool, device="meta")
+    with CountCalls():
+        apply_mask_(mask, weight)
+    assert CountCalls.calls < 5
+    assert weight.is_meta and weight.shape == (100_000, 100_000)

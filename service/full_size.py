@@ -60,7 +60,7 @@ def full_size_layers(params: dict[str, Any]) -> tuple[list[Any], int, str]:
     plan (built on the meta device: any size, no memory); attention scores included."""
     from simulator.cost_model import LayerShape
     from workers.plan import validate_plan
-    from workers.spec import JobSpec
+    from csx_config import JobSpec
 
     plan = validate_plan(JobSpec.model_validate({**params, "sparsity": None}), 1)
     model = plan["model"]

@@ -14,7 +14,7 @@ from service.models import Job
 from service.preflight import Problem, check_params
 from service.schemas import JobDetail, JobPublic, RunOptions
 from service.settings import Settings
-from workers.spec import JobSpec
+from csx_config import JobSpec
 
 
 class SubmissionError(ValueError):

@@ -241,7 +241,7 @@ class Scheduler:
 
     def _prepare(self, job_id: int, resume: bool) -> tuple[Any, dict[str, Any]]:
         """VALIDATING → PROVISIONING (deep validation, with torch), or resume as is."""
-        from workers.spec import JobSpec
+        from csx_config import JobSpec
 
         with self.sessions() as session:
             job = self._load(session, job_id)

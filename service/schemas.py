@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from workers.spec import JobSpec, with_overrides
+from csx_config import JobSpec, with_overrides
 
 Mode = Literal["train", "eval", "train_and_eval", "eval_all"]
 StudyAlgorithm = Literal["dense", "static", "set", "rigl", "granet"]

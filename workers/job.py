@@ -24,8 +24,8 @@ from workers.data import (
 )
 from workers.hdf5 import HDF5BatchSampler, HDF5EvalBatches, HDF5Samples, has_h5_files
 from workers.model import ModelConfig, Transformer, build_model
-from workers.schedulers import learning_rate_at
-from workers.spec import HDF5_PROCESSORS, InputSpec, JobSpec, OptimizerSpec
+from csx_config.schedulers import learning_rate_at
+from csx_config import HDF5_PROCESSORS, InputSpec, JobSpec, OptimizerSpec
 
 TOKENIZER_FILE = "tokenizer.json"
 BYTE_VOCAB = 256

@@ -25,7 +25,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from workers.progress import ProgressRelay
-from workers.spec import JobSpec
+from csx_config import JobSpec
 from workers.tracking import create_run, end_run, resolve_tracking_uri, run_params
 from workers.replica import CsxWorker
 from workers.train import MaskDivergence

@@ -35,7 +35,7 @@ from workers.data import BatchSampler
 from workers.hdf5 import HDF5BatchSampler
 from workers.job import build_sparse_model, load_data, lr_lambda, make_optimizer, model_config
 from workers.perf import PerfProjector
-from workers.spec import JobSpec
+from csx_config import JobSpec
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")
 AllReduce = Callable[[list[torch.Tensor]], None]

@@ -34,6 +34,11 @@ SCHEDULERS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "cosineannealing": (("initial_learning_rate", "T_max"), {"eta_min": 0.0}),
 }
 _TOTAL_ITERS_ALIASES = ("decay_steps", "steps")
+# The cstorch class each scheduler is stored as, so 'Linear' and 'linear_lr' make one spec.
+CLASS_NAMES = {"constant": "ConstantLR", "linear": "LinearLR", "cosinedecay": "CosineDecayLR",
+               "exponential": "ExponentialLR", "polynomial": "PolynomialLR",
+               "inversesquarerootdecay": "InverseSquareRootDecayLR", "step": "StepLR",
+               "multistep": "MultiStepLR", "cosineannealing": "CosineAnnealingLR"}
 
 
 def scheduler_key(name: str) -> str:
@@ -90,6 +95,7 @@ class SchedulerSpec(BaseModel):
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"unknown scheduler {self.scheduler!r}{hint}; choose one of "
                              f"{sorted(SCHEDULERS)} (an 'LR' suffix is allowed)")
+        self.scheduler = CLASS_NAMES[key]
         required, optional = SCHEDULERS[key]
         given = {k for k, v in self if v is not None and k != "scheduler"}
         if key == "constant" and "learning_rate" not in given and "initial_learning_rate" in given:
@@ -102,6 +108,10 @@ class SchedulerSpec(BaseModel):
         if extra:
             raise ValueError(f"scheduler {self.scheduler!r} does not take {', '.join(extra)}")
         return self
+
+    def is_constant(self) -> bool:
+        """A constant rate for the whole run: the same job as a plain number."""
+        return scheduler_key(self.scheduler) == "constant" and self.total_iters is None
 
     def value(self, name: str) -> Any:
         given = getattr(self, name)

@@ -1,0 +1,297 @@
+"""The sections of the params layout (``train_input``, ``eval_input``, ``model``,
+``optimizer``, ``runconfig``) with ModelZoo's key names, and the range checks of the
+``sparsity`` section (passed unchanged to ``sparsity.configure``).
+
+Keys that only mean something on real Cerebras hardware (``mixed_precision``, ``num_workers``,
+``use_cs_grad_accum``, ...) are accepted, kept in the spec, and listed by ``not_applied()``.
+Any other unknown key is an error naming it (csx_config.keys), reported together with every
+other problem of its section. Our own additions, all optional: ``model.preset`` (tiny / mini /
+small: a small Llama filling the size keys the file does not give), ``model.tokenizer`` and
+``model.sparse_wide_sparsity``, ``data_dir: builtin:shakespeare``, and runconfig's ``num_csx``
+cap, ``max_failures``, ``mlflow_experiment`` and ``sparse_kernel``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+
+from csx_config.keys import EXTRA_NOT_APPLIED, HARDWARE_ONLY, NOT_APPLIED_REASONS, validate_all_keys
+from csx_config.schedulers import LearningRate, SchedulerSpec, check_sequence, rename_aliases
+
+PresetName = Literal["tiny", "mini", "small"]
+HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
+# Keys inside a sparsity config whose numeric values are sparsity levels.
+SPARSITY_LEVEL_KEYS = ("sparsity", "init_sparsity", "end_sparsity", "value", "init", "final",
+                       "minimum")
+
+
+class _Section(BaseModel):
+    """A params section: its fields, plus the hardware-only keys it accepts without applying
+    (kept as pydantic extras, so the stored spec is the user's file)."""
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, validate_assignment=True)
+    SECTION: ClassVar[str] = ""
+    NOT_APPLIED: ClassVar[frozenset[str]] = frozenset()
+    ALIASES: ClassVar[dict[str, str]] = {}  # another ModelZoo spelling -> field
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _known_keys(cls, data: Any, handler: Any) -> Any:
+        if isinstance(data, dict):
+            data = rename_aliases(data, cls.ALIASES, prefix=f"{cls.SECTION}: ")
+        return validate_all_keys(cls, data, handler, cls.known_keys(), cls.SECTION)
+
+    @classmethod
+    def known_keys(cls) -> set[str]:
+        return (set(cls.model_fields) | cls.NOT_APPLIED | EXTRA_NOT_APPLIED.get(cls.SECTION, frozenset())
+                | set(cls.ALIASES))
+
+    def not_applied(self) -> dict[str, str]:
+        """This section's keys accepted without effect here, each with the reason."""
+        return {f"{self.SECTION}.{key}": NOT_APPLIED_REASONS.get(f"{self.SECTION}.{key}", HARDWARE_ONLY)
+                for key in (self.model_extra or {})}
+
+
+class InputSpec(_Section):
+    SECTION = "eval_input"
+    NOT_APPLIED = frozenset({
+        "num_workers", "prefetch_factor", "persistent_workers", "micro_batch_size", "use_worker_cache",
+        "shuffle_buffer", "repeat", "drop_last", "mixed_precision", "use_vsl", "pad_last",
+        "vocab_size", "num_samples"})
+    data_processor: str | None = None  # None: HDF5 when data_dir holds .h5 files, else text
+    data_dir: str | list[str] | None = None  # eval_input: None means "the train_input data_dir"
+    batch_size: PositiveInt = 16  # GLOBAL batch, split evenly over num_csx
+    max_sequence_length: PositiveInt | None = None  # None: the HDF5 data's, else the model's
+    shuffle: bool = False
+    shuffle_seed: int | None = None  # None: runconfig.seed
+
+    @field_validator("data_processor")
+    @classmethod
+    def _known_processor(cls, value: str | None) -> str | None:
+        choices = (*HDF5_PROCESSORS, "TextDataProcessor")
+        if value is not None and value not in choices:
+            raise ValueError(f"data_processor {value!r} is not supported here; choose one of {list(choices)}")
+        return value
+
+    @field_validator("data_dir")
+    @classmethod
+    def _non_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and not value:
+            raise ValueError("data_dir is an empty list")
+        return value
+
+    def data_dirs(self) -> list[str]:
+        return [] if self.data_dir is None else [self.data_dir] if isinstance(self.data_dir, str) else list(self.data_dir)
+
+
+class TrainInputSpec(InputSpec):
+    SECTION = "train_input"
+    data_dir: str | list[str] = "builtin:shakespeare"
+    shuffle: bool = True
+
+
+class TokenizerSpec(_Section):
+    """For text data (HDF5 data is already tokenized): bytes, a BPE trained on the train split
+    (``vocab_size``), or a BPE read from a local file (``vocab_file``: a tokenizers JSON, or a
+    GPT-2 ``vocab.json`` with ``merges_file``)."""
+    SECTION = "model.tokenizer"
+    type: Literal["byte", "bpe"] = "byte"
+    vocab_size: PositiveInt | None = None
+    vocab_file: str | None = None
+    merges_file: str | None = None
+
+
+Initializer = dict[str, Any]
+
+
+class ModelSpec(_Section):
+    """ModelZoo's GPT2LMHeadModel keys (GPT-3 and Llama use the same model). Unset keys take
+    the preset's value, else ModelZoo's default (``MODELZOO_DEFAULTS``)."""
+    SECTION = "model"
+    NOT_APPLIED = frozenset({
+        "mixed_precision", "fp16_type", "use_bfloat16", "precision_opt_level", "loss_scaling",
+        "loss_weight", "attention_softmax_fp32", "fold_rope_consts", "attention_kernel",
+        "boundary_casting", "tf_summary", "name", "dtype", "label_smoothing", "z_loss_eps"})
+    preset: PresetName | None = None
+    vocab_size: PositiveInt | None = None
+    hidden_size: PositiveInt | None = None
+    num_hidden_layers: PositiveInt | None = None
+    num_heads: PositiveInt | None = None
+    filter_size: PositiveInt | None = None
+    max_position_embeddings: PositiveInt | None = None
+    position_embedding_type: Literal["learned", "rotary"] | None = None
+    rotary_dim: PositiveInt | None = None
+    rope_theta: float | None = Field(None, gt=0.0)
+    share_embedding_weights: bool | None = None
+    nonlinearity: Literal["gelu", "gelu_new", "relu", "silu", "swish", "swiglu", "geglu", "reglu"] | None = None
+    norm_type: Literal["layernorm", "rmsnorm"] | None = None
+    layer_norm_epsilon: float | None = Field(None, gt=0.0)
+    attention_type: Literal["scaled_dot_product", "dot_product"] | None = None
+    use_projection_bias_in_attention: bool | None = None
+    use_ffn_bias_in_attention: bool | None = None
+    use_ffn_bias: bool | None = None
+    use_bias_in_output: bool | None = None
+    dropout_rate: float | None = Field(None, ge=0.0, lt=1.0)
+    attention_dropout_rate: float | None = Field(None, ge=0.0, lt=1.0)
+    embedding_dropout_rate: float | None = Field(None, ge=0.0, lt=1.0)
+    initializer_range: float | None = Field(None, gt=0.0)
+    embedding_initializer: Initializer | None = None
+    initializer: Initializer | None = None
+    output_layer_initializer: Initializer | None = None
+    sparse_wide_sparsity: float = Field(0.0, ge=0.0, lt=1.0)
+    tokenizer: TokenizerSpec = TokenizerSpec()
+
+    @field_validator("tokenizer", mode="before")
+    @classmethod
+    def _tokenizer_shorthand(cls, value: Any) -> Any:
+        return {"type": value} if isinstance(value, str) else value
+
+    @field_validator("embedding_initializer", "initializer", "output_layer_initializer")
+    @classmethod
+    def _initializer_named(cls, value: Initializer | None) -> Initializer | None:
+        if value is not None and value.get("name") not in INITIALIZERS:
+            raise ValueError(f"initializer name {value.get('name')!r} is not one of {list(INITIALIZERS)}")
+        return value
+
+    def resolved(self) -> dict[str, Any]:
+        """Every architecture key with its value: the file's, else the preset's, else ModelZoo's."""
+        values = dict(MODELZOO_DEFAULTS)
+        if self.preset:
+            values.update(PRESETS[self.preset])
+        values.update({k: getattr(self, k) for k in MODELZOO_DEFAULTS if getattr(self, k) is not None})
+        values["sparse_wide_sparsity"] = self.sparse_wide_sparsity
+        return values
+
+
+# torch.nn.init names a ModelZoo initializer may use, with the keys each takes besides "name".
+INITIALIZERS = {"normal": ("mean", "std"), "truncated_normal": ("mean", "std", "a", "b"),
+                "uniform": ("a", "b"), "xavier_uniform": ("gain",), "xavier_normal": ("gain",),
+                "zeros": (), "ones": ()}
+# GPT2LMHeadModelConfig's defaults (ModelZoo 2.x).
+MODELZOO_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 50257, "hidden_size": 768, "num_hidden_layers": 12, "num_heads": 12,
+    "filter_size": 3072, "max_position_embeddings": 1024, "position_embedding_type": "learned",
+    "rotary_dim": None, "rope_theta": 10000.0, "share_embedding_weights": True,
+    "nonlinearity": "gelu", "norm_type": "layernorm", "layer_norm_epsilon": 1e-5,
+    "attention_type": "scaled_dot_product", "use_projection_bias_in_attention": True,
+    "use_ffn_bias_in_attention": True, "use_ffn_bias": True, "use_bias_in_output": False,
+    "dropout_rate": 0.1, "attention_dropout_rate": 0.1, "embedding_dropout_rate": None,
+    "initializer_range": 0.02, "embedding_initializer": None, "initializer": None,
+    "output_layer_initializer": None,
+}
+_SMALL_LLAMA = {"position_embedding_type": "rotary", "norm_type": "rmsnorm", "nonlinearity": "swiglu",
+                "use_projection_bias_in_attention": False, "use_ffn_bias_in_attention": False,
+                "use_ffn_bias": False, "share_embedding_weights": True, "dropout_rate": 0.0,
+                "attention_dropout_rate": 0.0, "vocab_size": 256}
+# filter_size ≈ 8/3 · hidden_size rounded to a multiple of 32, as in Llama.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {**_SMALL_LLAMA, "num_hidden_layers": 2, "num_heads": 4, "hidden_size": 64,
+             "filter_size": 160, "max_position_embeddings": 128},
+    "mini": {**_SMALL_LLAMA, "num_hidden_layers": 4, "num_heads": 4, "hidden_size": 128,
+             "filter_size": 352, "max_position_embeddings": 256},
+    "small": {**_SMALL_LLAMA, "num_hidden_layers": 8, "num_heads": 8, "hidden_size": 256,
+              "filter_size": 672, "max_position_embeddings": 256},
+}
+
+
+class OptimizerSpec(_Section):
+    SECTION = "optimizer"
+    NOT_APPLIED = frozenset({"log_summaries", "loss_scaling_factor", "initial_loss_scale",
+                             "steps_per_increase", "min_loss_scale", "max_loss_scale",
+                             "grad_accum_steps"})
+    ALIASES = {"weight_decay_rate": "weight_decay"}
+    optimizer_type: str = "AdamW"  # a torch.optim class name (any case), checked when built
+    learning_rate: LearningRate = 1e-3
+    weight_decay: float = Field(0.0, ge=0.0)
+    max_gradient_norm: float | None = Field(None, gt=0.0)
+    betas: tuple[float, float] | None = None
+    eps: float | None = Field(None, gt=0.0)
+    momentum: float | None = Field(None, ge=0.0)
+    correct_bias: bool = True
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _valid_rate(cls, value: LearningRate) -> LearningRate:
+        if isinstance(value, SchedulerSpec) and value.is_constant():
+            value = value.learning_rate  # one spec for one job, however the file spells it
+        if isinstance(value, float) and value <= 0:
+            raise ValueError(f"learning_rate must be > 0, got {value}")
+        if isinstance(value, list):
+            check_sequence(value)
+        return value
+
+    @field_validator("correct_bias")
+    @classmethod
+    def _bias_corrected(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("correct_bias: false is not supported (torch's Adam/AdamW always correct bias)")
+        return value
+
+    def extra_kwargs(self) -> dict[str, Any]:
+        """Optimizer options given in the spec (only those, so each class keeps its defaults)."""
+        return {n: getattr(self, n) for n in ("betas", "eps", "momentum") if getattr(self, n) is not None}
+
+
+class RunConfigSpec(_Section):
+    SECTION = "runconfig"
+    NOT_APPLIED = frozenset({
+        "enable_distributed", "save_initial_checkpoint", "precision_opt_level", "use_cs_grad_accum",
+        "use_appliance_data", "compile_only", "validate_only", "mode", "num_workers_per_csx",
+        "num_wgt_servers", "num_act_servers", "credentials_path", "mount_dirs", "python_paths",
+        "job_labels", "target_device", "autoload_last_checkpoint", "disable_version_check",
+        "dist_backend", "init_method", "sync_batchnorm", "log_summaries", "mgmt_address",
+        "job_time_sec", "transfer_processes", "experimental", "dump_activations",
+        "log_input_summaries", "check_loss_values", "lora", "op_profiler_config",
+        "execute_crd_memory_gi", "compile_crd_memory_gi", "wrk_memory_gi", "act_memory_gi",
+        "cmd_memory_gi", "wgt_memory_gi", "num_steps", "num_epochs", "steps_per_epoch",
+        "keep_last_n_checkpoints", "keep_checkpoint_max", "save_summary_steps",
+        # trainer-layout homes of the CS appliance's settings (csx_config.trainer)
+        "compile_dir", "mgmt_namespace", "cbcore_image", "job_priority", "main_process_id",
+        "logging", "wsc_log_level", "enable_act_frequency", "ini", "debug_args",
+        "retrace_every_iteration", "lazy_initialization", "log_initialization", "drop_data",
+        "fabric_type_blacklist", "chf_memory_gi", "debug_args_path", "summary_dir",
+        "legacy_event_dirs", "hf_cache_dir"})
+    ALIASES = {"save_checkpoint_steps": "checkpoint_steps"}
+    max_steps: PositiveInt = 100
+    eval_steps: PositiveInt = 10  # batches per evaluation
+    eval_frequency: NonNegativeInt | None = 0  # 0 / null: evaluate only at the end (train_and_eval)
+    checkpoint_steps: NonNegativeInt | None = 0  # 0 / null: checkpoint only at the end
+    log_steps: PositiveInt = 10
+    seed: int = 0
+    num_csx: PositiveInt = Field(1, le=192)  # a CS-2 cluster has at most 192 systems
+    max_failures: NonNegativeInt = 3
+    mlflow_experiment: str = "csx-sparse"
+    model_dir: str | None = None
+    checkpoint_path: str | None = None  # start (train) or evaluate (eval) from this checkpoint
+    # Kernel of the simulated fabric's sparse layers. "auto" is the simulator's rule, which is
+    # calibrated by timing in each process: CSR and dense round differently, so bit-identical
+    # results across processes (resume, replicas) need a fixed "csr" or "dense".
+    sparse_kernel: Literal["auto", "csr", "dense"] = "auto"
+
+
+def check_sparsity_levels(value: Any, path: str) -> None:
+    """Reject NaN anywhere and sparsity levels outside [0, 1), naming where they are."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError(f"{path} is NaN")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}"
+            if key in SPARSITY_LEVEL_KEYS:
+                levels = item if isinstance(item, list) else [item]  # a list cycles through levels
+                for index, level in enumerate(levels):
+                    if isinstance(level, (int, float)) and not isinstance(level, bool):
+                        check_level(level, f"{where}[{index}]" if isinstance(item, list) else where)
+            check_sparsity_levels(item, where)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_sparsity_levels(item, f"{path}[{index}]")
+
+
+def check_level(level: float, where: str) -> None:
+    if math.isnan(level) or not 0.0 <= level < 1.0:
+        raise ValueError(f"{where} must be a sparsity level in [0, 1), got {level}")

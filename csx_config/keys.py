@@ -33,6 +33,7 @@ NOT_APPLIED_REASONS: dict[str, str] = {
     "model.use_bfloat16": "precision: training here is float32",
     "model.allow_multireplica": "multi-replica compilation of the CS system",
     "model.alibi_implementation": "ALiBi kernel choice of the CS compiler",
+    "optimizer.grad_accum_steps": "gradient accumulation: the same global batch trains the same here",
 }
 # Keys each section accepts without applying them, beyond the section's own NOT_APPLIED.
 EXTRA_NOT_APPLIED: dict[str, frozenset[str]] = {}
@@ -61,6 +62,8 @@ UNSUPPORTED: dict[str, str] = {
     "model.output_logits_alpha": "muP scaling (output_logits_alpha)",
     "model.alibi_trainable_slopes": "ALiBi positions",
     "optimizer.adjust_learning_rate": "muP per-layer learning rates (adjust_learning_rate)",
+    "optimizer.max_gradient_value": "gradient clipping by value (max_gradient_value)",
+    "model.lora_params": "LoRA adapters (lora_params)",
     "train_input.data_transforms": "input data transforms (data_transforms)",
     "eval_input.data_transforms": "input data transforms (data_transforms)",
 }

@@ -156,14 +156,14 @@ def to_params(data: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
     """The params layout of a trainer-layout file, and the keys that have no params meaning."""
     trainer, problems = phase(data)
     params: dict[str, Any] = {}
-    for path, target in KEYS.items():
-        value = _pop(trainer, path)
-        if value is not _MISSING:
-            _set(params, target, value)
     for path, section in SECTIONS.items():
         value = _pop(trainer, path)
         if value is not _MISSING:
             params[section] = value
+    for path, target in KEYS.items():  # after the sections: precision.* goes into model and optimizer
+        value = _pop(trainer, path)
+        if value is not _MISSING:
+            _set(params, target, value)
     for entry, (loader, ckpt) in EVAL_ONLY.items():
         node = trainer.pop(entry, None)
         if isinstance(node, dict):

@@ -8,7 +8,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from workers.schedulers import SchedulerSpec, learning_rate_at
+from csx_config.schedulers import SchedulerSpec, learning_rate_at
 from workers.spec import JobSpec, with_overrides
 
 

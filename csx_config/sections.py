@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from csx_config.keys import EXTRA_NOT_APPLIED, HARDWARE_ONLY, NOT_APPLIED_REASONS, validate_all_keys

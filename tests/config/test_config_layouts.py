@@ -294,3 +294,13 @@ def test_params_to_trainer_to_params_is_the_same_job(params: dict) -> None:
     back, dropped = _round_trip(spec)
     assert dropped == [key for key in dropped if key in spec.not_applied()]
     assert back.model_dump() == _without(spec.model_dump(), dropped)
+
+
+def test_the_config_package_imports_only_pydantic_and_yaml() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, csx_config; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'torch', 'workers', 'service', 'sparsity', 'simulator', 'ray', 'mlflow', 'fastapi'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

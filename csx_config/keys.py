@@ -151,3 +151,10 @@ def format_problems(err: ValidationError, title: str = "params") -> str:
                      else f"{path}: {message}" if path else message)
     count = f"{len(lines)} problems" if len(lines) > 1 else "1 problem"
     return f"{count} in {title}:\n" + "\n".join(f"  - {line}" for line in lines)
+
+
+def relocated(err: ValidationError, title: str, where: Any) -> ValidationError:
+    """``err`` with each location mapped by ``where`` (a params path to the file's own path)."""
+    return ValidationError.from_exception_data(title, [
+        _problem(error["type"], where(tuple(error["loc"])), error["msg"], error.get("input"))
+        for error in err.errors(include_url=False)])

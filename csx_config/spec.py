@@ -12,9 +12,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
 
-from csx_config.keys import format_problems, validate_all_keys
+from csx_config.keys import format_problems, relocated, validate_all_keys
 from csx_config.layouts import detect_layout, normalise, to_layout
 from csx_config.overrides import with_overrides
+from csx_config.trainer import is_trainer, trainer_loc
 from csx_config.sections import (
     InputSpec,
     ModelSpec,
@@ -43,7 +44,10 @@ class JobSpec(BaseModel):
         if not isinstance(data, dict):
             return handler(data)
         params, notes, problems = normalise(data)
-        spec = validate_all_keys(cls, params, handler, set(cls.model_fields), "params", problems)
+        try:
+            spec = validate_all_keys(cls, params, handler, set(cls.model_fields), "params", problems)
+        except ValidationError as err:  # named where the file has them
+            raise relocated(err, cls.__name__, trainer_loc) if is_trainer(data) else err from None
         spec._upgrades = notes
         return spec
 

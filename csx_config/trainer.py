@@ -14,6 +14,7 @@ runconfig keys that ModelZoo has no trainer home for sit in ``trainer.init.csx``
 from __future__ import annotations
 
 import copy
+import difflib
 from typing import Any
 
 Problem = tuple[tuple[str | int, ...], str]
@@ -183,7 +184,8 @@ def to_params(data: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
 
 
 def _leftovers(tree: dict[str, Any], loc: tuple[str, ...]) -> list[Problem]:
-    """Keys no table consumed (empty mappings left by popping are fine)."""
+    """Keys no table consumed (empty mappings left by popping are fine), each with the known
+    key it most likely meant."""
     problems = []
     for key, value in tree.items():
         if isinstance(value, dict) and not value:
@@ -192,8 +194,33 @@ def _leftovers(tree: dict[str, Any], loc: tuple[str, ...]) -> list[Problem]:
             problems += _leftovers(value, (*loc, key))
             continue
         path = ".".join(map(str, (*loc, key)))
-        problems.append(((*loc, key), f"{path} is not a key of the trainer layout csx knows"))
+        close = difflib.get_close_matches(str(key), sorted(_known_below(loc)), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        problems.append(((*loc, key), f"{path} is not a key of the trainer layout csx knows{hint}"))
     return problems
+
+
+def _known_below(loc: tuple[str, ...]) -> set[str]:
+    """The keys the trainer layout has right below ``loc`` (``("trainer", "init", "loop")``)."""
+    prefix = ".".join(loc[1:])
+    paths = [*KEYS, *SECTIONS, *(f"init.{key}" for key in INIT_KEYS), *EVAL_ONLY, "init", "fit"]
+    return {path.removeprefix(prefix + ".").split(".")[0] for path in paths
+            if not prefix or path.startswith(prefix + ".")} if prefix else {p.split(".")[0] for p in paths}
+
+
+def trainer_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """Where a params-layout location (``("model", "hidden_size")``) is in a trainer file."""
+    if not loc or loc[0] == "trainer":
+        return loc
+    for path, target in KEYS.items():
+        if tuple(target.split(".")) == tuple(loc[:2]):
+            return ("trainer", *path.split("."), *loc[2:])
+    homes = {section: path for path, section in SECTIONS.items()}
+    homes |= {"sparsity": "init.sparsity", "optimizer": "init.optimizer"}
+    if tuple(loc[:2]) == ("optimizer", "learning_rate"):
+        return ("trainer", "init", "schedulers", *loc[2:])
+    home = homes.get(str(loc[0]))
+    return ("trainer", *home.split("."), *loc[1:]) if home else ("trainer", *loc)
 
 
 def _optimizer_to_params(init: dict[str, Any], params: dict[str, Any]) -> list[Problem]:

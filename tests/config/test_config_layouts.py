@@ -182,6 +182,18 @@ def test_every_problem_of_a_file_is_in_one_message(tmp_path: Path, capsys) -> No
     assert "RoPE scaling (pos_scaling_factor) is not supported here" in err
 
 
+def test_a_trainer_files_problems_are_named_at_its_own_paths() -> None:
+    text = ("trainer: {init: {loop: {max_step: 3, eval_steps: 0}, model: {hiden_size: 3}},"
+            " fit: {train_dataloader: {batch_sise: 3}}}")
+    with pytest.raises(ValidationError) as caught:
+        _spec(text)
+    found = {".".join(map(str, e["loc"])): e["msg"] for e in caught.value.errors()}
+    assert set(found) == {"trainer.init.loop.max_step", "trainer.init.loop.eval_steps",
+                          "trainer.init.model.hiden_size", "trainer.fit.train_dataloader.batch_sise"}
+    assert "did you mean 'max_steps'" in found["trainer.init.loop.max_step"]
+    assert "did you mean 'batch_size'" in found["trainer.fit.train_dataloader.batch_sise"]
+
+
 # ---- removing keys --------------------------------------------------------------------------
 def test_keys_are_removed_from_the_command_line(tmp_path: Path, capsys) -> None:
     path = tmp_path / "p.yaml"

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 # scheduler -> (required keys, optional keys with their cstorch defaults)
 SCHEDULERS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
@@ -95,7 +95,6 @@ class SchedulerSpec(BaseModel):
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"unknown scheduler {self.scheduler!r}{hint}; choose one of "
                              f"{sorted(SCHEDULERS)} (an 'LR' suffix is allowed)")
-        self.scheduler = CLASS_NAMES[key]
         required, optional = SCHEDULERS[key]
         given = {k for k, v in self if v is not None and k != "scheduler"}
         if key == "constant" and "learning_rate" not in given and "initial_learning_rate" in given:
@@ -107,6 +106,7 @@ class SchedulerSpec(BaseModel):
             raise ValueError(f"scheduler {self.scheduler!r} needs {', '.join(missing)}")
         if extra:
             raise ValueError(f"scheduler {self.scheduler!r} does not take {', '.join(extra)}")
+        self.scheduler = CLASS_NAMES[key]
         return self
 
     def is_constant(self) -> bool:
@@ -149,7 +149,17 @@ class SchedulerSpec(BaseModel):
         return floor + (start - floor) * 0.5 * (1.0 + math.cos(math.pi * (step % (2 * t_max)) / t_max))
 
 
-LearningRate = float | SchedulerSpec | list[SchedulerSpec]
+def _rate_form(value: Any) -> str:
+    """Which form a learning_rate is written in, so a bad one is checked as that form only."""
+    if isinstance(value, (list, tuple)):
+        return "schedulers"
+    return "scheduler" if isinstance(value, (dict, SchedulerSpec)) else "number"
+
+
+LearningRate = Annotated[
+    Annotated[float, Tag("number")] | Annotated[SchedulerSpec, Tag("scheduler")]
+    | Annotated[list[SchedulerSpec], Tag("schedulers")],
+    Discriminator(_rate_form)]
 
 
 def check_sequence(schedulers: list[SchedulerSpec]) -> None:

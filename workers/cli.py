@@ -124,17 +124,9 @@ def _load_spec(args: argparse.Namespace) -> JobSpec:
     path = Path(args.params)
     if not path.is_file():
         raise ValueError(f"--params {args.params!r} is not a file")
-    spec = JobSpec.from_yaml(path.read_text(encoding="utf-8"), args.overrides)
-    runconfig = {}
-    if args.num_csx is not None:
-        runconfig["num_csx"] = args.num_csx
-    if args.checkpoint_path is not None:
-        runconfig["checkpoint_path"] = args.checkpoint_path
-    if not runconfig:
-        return spec
-    data = spec.model_dump()
-    data["runconfig"].update(runconfig)
-    return JobSpec.model_validate(data)  # validates the overrides (e.g. num_csx <= 192)
+    flags = [f"runconfig.{key}={value}" for key, value in
+             (("num_csx", args.num_csx), ("checkpoint_path", args.checkpoint_path)) if value is not None]
+    return JobSpec.from_yaml(path.read_text(encoding="utf-8"), [*args.overrides, *flags])
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -146,6 +138,9 @@ def _run(args: argparse.Namespace) -> int:
     num_csx = spec.runconfig.num_csx
     if args.validate_only:
         from workers.plan import plan_table, validate_plan
+
+        for note in spec.upgrades():
+            print(f"upgraded: {note}")
 
         print(plan_table(validate_plan(spec, num_csx), debug=args.logging == "DEBUG"))
         return 0

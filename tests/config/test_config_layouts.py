@@ -316,3 +316,12 @@ def test_the_config_package_imports_only_pydantic_and_yaml() -> None:
             "{'torch', 'workers', 'service', 'sparsity', 'simulator', 'ray', 'mlflow', 'fastapi'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_validate_only_says_how_a_1x_file_was_read(capsys) -> None:
+    source = next(p for p in FILES if p.name == "r1.9.1_params_llama_7b.yaml")
+    assert cli.main(["run", "--params", str(source), "--validate_only", "--num_csx", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "upgraded: model.use_rms_norm -> model.norm_type: rmsnorm" in out
+    assert "upgraded: optimizer.beta1/beta2 -> optimizer.betas: [0.9, 0.95]" in out
+    assert "rmsnorm, swiglu" in out and "runconfig.save_losses" in out

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+Problem = tuple[tuple[str | int, ...], str]  # (location, message)
 HARDWARE_ONLY = "hardware-only (Cerebras appliance, precision or logging)"
 # Accepted, kept in the spec, listed as not applied; the reason when it is not HARDWARE_ONLY.
 NOT_APPLIED_REASONS: dict[str, str] = {
@@ -36,10 +37,9 @@ NOT_APPLIED_REASONS: dict[str, str] = {
     "optimizer.grad_accum_steps": "gradient accumulation: the same global batch trains the same here",
 }
 # Keys each section accepts without applying them, beyond the section's own NOT_APPLIED.
-EXTRA_NOT_APPLIED: dict[str, frozenset[str]] = {}
-for _path in NOT_APPLIED_REASONS:
-    _section, _key = _path.split(".", 1)
-    EXTRA_NOT_APPLIED[_section] = EXTRA_NOT_APPLIED.get(_section, frozenset()) | {_key}
+EXTRA_NOT_APPLIED: dict[str, frozenset[str]] = {
+    section: frozenset(path.split(".", 1)[1] for path in NOT_APPLIED_REASONS if path.startswith(section + "."))
+    for section in {path.split(".", 1)[0] for path in NOT_APPLIED_REASONS}}
 
 # ModelZoo keys of features not built here: refused, naming the feature. A key that becomes a
 # field of its section (the model features of issue 21) is accepted instead and never looked up.
@@ -118,7 +118,7 @@ def _problem(kind: str, loc: tuple[Any, ...], message: str, value: Any) -> InitE
 
 
 def validate_all_keys(cls: type[BaseModel], data: Any, handler: Any, known: set[str],
-                      where: str, found: list[tuple[tuple[Any, ...], str]] = ()) -> Any:
+                      where: str, found: list[Problem] = ()) -> Any:
     """Validate ``data`` as ``cls``, reporting every unknown key *and* every field error of it
     together, after the ``found`` problems of an earlier step (pydantic stops at a failing
     before-validator, so unknown keys are set aside, the rest validated, and the lists joined)."""

@@ -7,7 +7,7 @@ import copy
 from typing import Any, Literal
 
 from csx_config import params_v1, params_v2, trainer
-from csx_config.trainer import Problem
+from csx_config.keys import Problem
 
 Layout = Literal["params_v1", "params_v2", "trainer"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from csx_config.trainer import Problem
+from csx_config.keys import Problem
 
 # Keys only a 1.x file has: their presence tells the layout.
 RENAMED = {"model.use_position_embedding", "model.use_rms_norm", "optimizer.beta1",

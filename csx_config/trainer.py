@@ -17,7 +17,7 @@ import copy
 import difflib
 from typing import Any
 
-Problem = tuple[tuple[str | int, ...], str]
+from csx_config.keys import Problem
 
 # trainer path (below `trainer`) -> params path, for single values.
 KEYS: dict[str, str] = {

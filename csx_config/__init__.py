@@ -25,12 +25,12 @@ from csx_config.sections import (
     TokenizerSpec,
     TrainInputSpec,
 )
-from csx_config.keys import unknown_key_message
+from csx_config.keys import format_problems, unknown_key_message
 from csx_config.layouts import detect_layout
 from csx_config.overrides import with_overrides
-from csx_config.spec import JobSpec, parse_yaml, problems_message
+from csx_config.spec import JobSpec, parse_yaml
 
 __all__ = ["HDF5_PROCESSORS", "INITIALIZERS", "MODELZOO_DEFAULTS", "PRESETS", "InputSpec", "JobSpec",
            "ModelSpec", "OptimizerSpec", "PresetName", "RunConfigSpec", "TokenizerSpec",
-           "TrainInputSpec", "detect_layout", "parse_yaml", "problems_message",
+           "TrainInputSpec", "detect_layout", "format_problems", "parse_yaml",
            "unknown_key_message", "with_overrides"]

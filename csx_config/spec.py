@@ -12,10 +12,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
 
-from csx_config.keys import format_problems, relocated, validate_all_keys
-from csx_config.layouts import detect_layout, normalise, to_layout
+from csx_config.keys import relocated, validate_all_keys
+from csx_config.layouts import normalise, to_layout
 from csx_config.overrides import with_overrides
-from csx_config.trainer import is_trainer, trainer_loc
 from csx_config.sections import (
     InputSpec,
     ModelSpec,
@@ -25,6 +24,7 @@ from csx_config.sections import (
     check_level,
     check_sparsity_levels,
 )
+from csx_config.trainer import is_trainer, trainer_loc
 
 
 class JobSpec(BaseModel):
@@ -103,8 +103,4 @@ def parse_yaml(text: str) -> dict[str, Any]:
     return data
 
 
-def problems_message(err: ValidationError) -> str:
-    return format_problems(err)
-
-
-__all__ = ["JobSpec", "detect_layout", "parse_yaml", "problems_message", "with_overrides"]
+__all__ = ["JobSpec", "parse_yaml", "with_overrides"]

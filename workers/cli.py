@@ -28,7 +28,7 @@ from typing import Any, Callable, TextIO
 import yaml
 from pydantic import ValidationError
 
-from csx_config import JobSpec, parse_yaml, problems_message
+from csx_config import JobSpec, parse_yaml, format_problems
 
 PLUGIN_COMMANDS = {name: "service.cli" for name in ("serve", "submit", "study", "token",
                                                   "local-study")}
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ValueError as err:  # bad spec or input: the message names the field, no traceback
-        message = problems_message(err) if isinstance(err, ValidationError) else err
+        message = format_problems(err) if isinstance(err, ValidationError) else err
         print(f"csx {args.command}: error: {message}", file=sys.stderr)
         return 2
 

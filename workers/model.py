@@ -142,7 +142,8 @@ class ModelConfig:
         if self.inner_dim % self.num_heads:
             raise ValueError(f"model.{inner} ({self.inner_dim}) must be a multiple of num_heads ({self.num_heads})")
         if self.attention_module not in ATTENTION_MODULES:
-            raise ValueError(f"model.attention_module {self.attention_module!r} is not one of {list(ATTENTION_MODULES)}")
+            raise ValueError(f"model.attention_module {self.attention_module!r} is not one of "
+                             f"{list(ATTENTION_MODULES)}")
         extra = self.extra_attention_params or {}
         for key in extra:
             if key not in EXTRA_ATTENTION_PARAMS:
@@ -296,7 +297,8 @@ def _yarn_frequencies(inv_freq: torch.Tensor, rotary_dim: int, theta: float, fac
     the original context keep their frequency, fewer than beta_slow are interpolated (divided by
     the factor), a linear ramp between; the logits get the temperature a·ln(factor) + b."""
     def pair_index(rotations: float) -> float:
-        return rotary_dim * math.log(original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+        turns = original_max_position_embeddings / (rotations * 2 * math.pi)
+        return rotary_dim * math.log(turns) / (2 * math.log(theta))
 
     low, high = pair_index(beta_fast), pair_index(beta_slow)
     if truncate:
@@ -304,7 +306,8 @@ def _yarn_frequencies(inv_freq: torch.Tensor, rotary_dim: int, theta: float, fac
     low, high = max(low, 0), min(high, rotary_dim - 1)
     if low == high:
         high += 0.001
-    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32, device=inv_freq.device) - low) / (high - low)).clamp(0, 1)
+    pairs = torch.arange(rotary_dim // 2, dtype=torch.float32, device=inv_freq.device)
+    ramp = ((pairs - low) / (high - low)).clamp(0, 1)
     kept = (1 - ramp) * extrapolation_factor
     mscale = mscale_a * math.log(factor) + mscale_b if factor > 1 else 1.0
     return inv_freq / factor * (1 - kept) + inv_freq * kept, mscale

@@ -221,7 +221,8 @@ def _model_line(model: dict[str, Any]) -> str:
     positions = model["position_embedding_type"]
     if positions != "learned" and (model["pos_scaling_factor"] != 1.0 or model["pos_scaling_type"].lower() != "linear"):
         positions += f" ({model['pos_scaling_type'].lower()} scaling x{model['pos_scaling_factor']:g})"
-    extras = [f"sliding window {model['attention_sliding_window_length']}"] if model["attention_sliding_window_length"] else []
+    window = model["attention_sliding_window_length"]
+    extras = [f"sliding window {window}"] if window else []
     extras += ["muP"] if model["mup_base_hidden_size"] or model["output_logits_scale"] else []
     extras += [f"Sparse-Wide s={model['sparse_wide_sparsity']}"] if model["sparse_wide_sparsity"] else []
     return (f"model: {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, filter "

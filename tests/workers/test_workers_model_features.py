@@ -134,7 +134,8 @@ def test_sliding_window_differs_from_full_attention_only_beyond_the_window():
     assert torch.equal(full.state_dict()["lm_head.weight"], windowed.state_dict()["lm_head.weight"])
     assert torch.allclose(a[:, :4], b[:, :4], atol=1e-5)  # within the window nothing is cut off
     assert not torch.allclose(a[:, 4:], b[:, 4:], atol=1e-3)
-    assert torch.allclose(a, logits(build_model(replace(LLAMA, attention_sliding_window_length=16), seed=0), ids), atol=1e-5)
+    longer = build_model(replace(LLAMA, attention_sliding_window_length=16), seed=0)
+    assert torch.allclose(a, logits(longer, ids), atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- ALiBi
@@ -161,8 +162,8 @@ def test_alibi_bias_is_translation_invariant_and_used():
     model.embedding_layer.position_embed_helper.slopes.zero_()
     assert not torch.allclose(before, logits(model, ids), atol=1e-4)
     assert not any("position" in name for name, _ in model.named_parameters())  # fixed slopes: no parameter
-    scaled = build_model(replace(config, pos_scaling_factor=2.0), seed=0).embedding_layer.position_embed_helper(10, None)
-    assert torch.allclose(scaled, bias / 2)
+    scaled = build_model(replace(config, pos_scaling_factor=2.0), seed=0).embedding_layer.position_embed_helper
+    assert torch.allclose(scaled(10, None), bias / 2)
 
 
 def test_trainable_alibi_slopes_learn():
@@ -229,17 +230,19 @@ def test_mup_scalars_scale_embeddings_attention_and_logits():
     assert torch.allclose(_decoder_input(scaled, ids), 10 * _decoder_input(base, ids))
     given_scale = build_model(replace(GPT, output_logits_scale=0.25), seed=0)
     assert torch.allclose(logits(given_scale, ids), 0.25 * logits(base, ids), atol=1e-6)
-    # muP: alpha * base / hidden, or its square root without scale_output_logits_by_d (same
-    # initializers given explicitly, so the weights are the base model's)
-    init = {"name": "zeros"}  # not scaled by muP, so both models start equal
-    plain = replace(GPT, initializer=init, output_layer_initializer=init, embedding_initializer={"name": "normal", "std": 1.0})
+    # muP: alpha * base / hidden, or its square root without scale_output_logits_by_d. Zero block
+    # weights (muP leaves zeros zero) make the blocks add nothing, so the logits differ only by it.
+    init = {"name": "zeros"}
+    plain = replace(GPT, initializer=init, output_layer_initializer=init,
+                    embedding_initializer={"name": "normal", "std": 1.0})
     mup = replace(plain, mup_base_hidden_size=8, mup_base_filter_size=12, output_logits_alpha=2.0)
-    reference, ids = logits(build_model(plain, seed=0), ids), ids
+    reference = logits(build_model(plain, seed=0), ids)
     assert torch.allclose(logits(build_model(mup, seed=0), ids), 2.0 * 8 / 32 * reference, atol=1e-6)
     root = replace(mup, scale_output_logits_by_d=False)
     assert torch.allclose(logits(build_model(root, seed=0), ids), 2.0 * math.sqrt(8 / 32) * reference, atol=1e-6)
     # scale_qk_dot_by_d: QKᵀ / d instead of / sqrt(d), times attention_logits_alpha
-    attn = build_model(replace(GPT, scale_qk_dot_by_d=True, attention_logits_alpha=1.5), seed=0).transformer_decoder.layers[0].self_attn
+    mup_attention = build_model(replace(GPT, scale_qk_dot_by_d=True, attention_logits_alpha=1.5), seed=0)
+    attn = mup_attention.transformer_decoder.layers[0].self_attn
     assert attn.scale == pytest.approx(1.5 / GPT.head_dim)
     x = torch.randn(1, 8, GPT.hidden_size)
     with torch.no_grad():
@@ -272,7 +275,8 @@ def test_mup_initializers_and_logit_scale_reproduce_the_published_explicit_value
 @pytest.mark.parametrize("flag, names", [
     ("use_projection_bias_in_attention", [f"self_attn.proj_{x}_dense_layer.bias" for x in "qkv"]),
     ("use_ffn_bias_in_attention", ["self_attn.proj_output_dense_layer.bias"]),
-    ("use_ffn_bias", ["ffn.ffn.0.linear_layer.bias", "ffn.ffn.0.linear_layer_for_glu.bias", "ffn.ffn.1.linear_layer.bias"]),
+    ("use_ffn_bias", ["ffn.ffn.0.linear_layer.bias", "ffn.ffn.0.linear_layer_for_glu.bias",
+                      "ffn.ffn.1.linear_layer.bias"]),
     ("use_bias_in_output", []),
 ])
 def test_each_bias_key_adds_exactly_its_biases(flag, names):
@@ -363,7 +367,8 @@ def _scheduled_plan(sparsity: dict) -> dict:
     {"algorithm": "gmp", "sparsity": {"type": "cubic", "init_sparsity": 0.0, "end_sparsity": 0.9,
                                       "sparsity_start_step": 0, "sparsity_end_step": 500,
                                       "prune_every_k_steps": 50}, "update": {"freq": 50, "stop": 501}},
-    {"algorithm": "gmp", "sparsity": {"type": "linear", "init": 0.0, "slope": 0.0018}, "update": {"freq": 100, "stop": 600}},
+    {"algorithm": "gmp", "sparsity": {"type": "linear", "init": 0.0, "slope": 0.0018},
+     "update": {"freq": 100, "stop": 600}},
 ], ids=["cubic", "gmp-linear"])
 def test_schedule_plans_show_the_target_reached_and_its_speedup(sparsity):
     plan = _scheduled_plan(sparsity)
@@ -380,7 +385,8 @@ def test_schedule_plans_show_the_target_reached_and_its_speedup(sparsity):
 
 def test_constant_sparsity_plans_start_at_their_target():
     plan = _scheduled_plan({"algorithm": "rigl", "sparsity": 0.75, "update": {"freq": 100}})
-    assert plan["schedule"]["start"]["sparsity"] == plan["schedule"]["final"]["sparsity"] == pytest.approx(0.75, abs=1e-4)
+    start, final = plan["schedule"]["start"], plan["schedule"]["final"]
+    assert start["sparsity"] == final["sparsity"] == pytest.approx(0.75, abs=1e-4)
     assert "sparsity schedule" not in plan_table(plan)
 
 

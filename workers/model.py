@@ -18,8 +18,8 @@ no biases. Everything is picked by ModelZoo's model keys (``ModelConfig`` mirror
   ``attention_logits_alpha``, and the output logits scaled by ``output_logits_alpha`` times
   ``mup_base_hidden_size / hidden_size`` (its square root unless ``scale_output_logits_by_d``),
   or by a given ``output_logits_scale`` (the 1.x form); with the base sizes, the initializers
-  are scaled by width and depth as ModelZoo scales them. (muP's per-layer learning rates are an
-  optimizer matter, not applied here.)
+  are scaled by width and depth as ModelZoo scales them, and ``learning_rate_scale`` gives the
+  per-layer learning-rate factors (``workers.job.make_optimizer`` applies them).
 
 Parameters are named as ModelZoo's ``GPT2LMHeadModel`` names them, so a ModelZoo
 ``param_filter`` / ``param_name_patterns`` selects exactly the layers it selects there::
@@ -50,6 +50,7 @@ reports those costs).
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -255,6 +256,25 @@ class ModelConfig:
             hidden, inner = max(1, round(self.hidden_size * k)), head_dim * self.num_heads
         return replace(self, hidden_size=hidden, attention_inner_dim=inner, rotary_dim=rotary,
                        filter_size=max(1, round(self.filter_size * k)), sparse_wide_sparsity=0.0)
+
+
+# ModelZoo's muP learning-rate groups (lr_adjustment_groups): parameter globs and the width
+# whose multiplier divides their learning rate.
+MUP_LR_GROUPS = ((("*decoder*attn*dense*weight", "*decoder*ffn.ffn.[!1]*weight"), "hidden"),
+                 (("*decoder*ffn.ffn.[1]*weight",), "filter"))
+
+
+def learning_rate_scale(config: ModelConfig, name: str) -> float:
+    """The factor on the learning rate of parameter ``name``: with muP's base sizes, 1 / the
+    width multiplier for the attention and FFN input kernels (hidden / mup_base_hidden_size)
+    and the FFN output kernels (filter / mup_base_filter_size); 1 otherwise."""
+    if not config.mup_base_hidden_size or not config.mup_base_filter_size:
+        return 1.0
+    for globs, width in MUP_LR_GROUPS:
+        if any(fnmatch.fnmatchcase(name, glob) for glob in globs):
+            return (config.mup_base_hidden_size / config.hidden_size if width == "hidden"
+                    else config.mup_base_filter_size / config.filter_size)
+    return 1.0
 
 
 def make_norm(config: ModelConfig) -> nn.Module:

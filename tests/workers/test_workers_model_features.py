@@ -271,6 +271,31 @@ def test_mup_initializers_and_logit_scale_reproduce_the_published_explicit_value
         replace(config, output_logits_scale=0.3)
 
 
+def test_mup_learning_rates_are_divided_by_the_width_multipliers():
+    from workers.job import lr_lambda, make_optimizer
+    from workers.spec import OptimizerSpec
+
+    config = replace(GPT, nonlinearity="swiglu", mup_base_hidden_size=8, mup_base_filter_size=16)  # x4, x3
+    spec = OptimizerSpec(optimizer_type="SGD", learning_rate=0.5, weight_decay=0.1)
+    model = build_model(config, seed=0)
+    optimizer = make_optimizer(spec, model)
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec))
+    assert optimizer.param_groups[0]["lr"] == 0.5  # the schedule's rate, as train.py logs it
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model(tokens(), tokens(seed=1))[1].backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    optimizer.step()
+    scales = {"self_attn.proj_q_dense_layer.weight": 8 / 32, "self_attn.proj_output_dense_layer.weight": 8 / 32,
+              "ffn.ffn.0.linear_layer_for_glu.weight": 8 / 32, "ffn.ffn.1.linear_layer.weight": 16 / 48,
+              "ffn.ffn.1.linear_layer.bias": 1.0, "norm1.weight": 1.0}
+    scales = {f"transformer_decoder.layers.0.{name}": scale for name, scale in scales.items()}
+    scales["embedding_layer.word_embeddings.weight"] = 1.0
+    for name, p in model.named_parameters():
+        if name in scales:  # SGD: w -= lr * scale * (g + wd * w), decay on matrices only
+            decay = 0.1 * before[name] if p.dim() >= 2 else 0.0
+            assert torch.allclose(before[name] - p.detach(), 0.5 * scales[name] * (grads[name] + decay), atol=1e-7), name
+
+
 # ----------------------------------------------------------------------------- biases, tying
 @pytest.mark.parametrize("flag, names", [
     ("use_projection_bias_in_attention", [f"self_attn.proj_{x}_dense_layer.bias" for x in "qkv"]),
@@ -447,3 +472,36 @@ def test_gqa_projections_train_sparse_on_the_simulated_fabric():
     assert torch.allclose(csr_logits, dense_logits, atol=1e-5)
     for name, param in model.named_parameters():
         assert torch.allclose(param.grad, dense_grads[name], atol=1e-5), name
+
+
+# ----------------------------------------------------------------------------- family proxies learn
+FAMILY_PROXIES = {
+    "llama-3.1": replace(gqa(LLAMA, 2), rope_theta=500000.0, pos_scaling_type="llama3", pos_scaling_factor=8.0,
+                         pos_scaling_extra_args={"original_max_position_embeddings": 8}),
+    "mistral": replace(gqa(LLAMA, 2), attention_sliding_window_length=4),
+    "btlm": replace(GPT, position_embedding_type="alibi", nonlinearity="swiglu", mup_base_hidden_size=8,
+                    mup_base_filter_size=12, output_logits_alpha=2.22, scale_qk_dot_by_d=True, embeddings_scale=14.6),
+    "cerebras-gpt-mup": replace(GPT, mup_base_hidden_size=8, mup_base_filter_size=12, scale_qk_dot_by_d=True,
+                                embeddings_scale=10.0),
+}
+
+
+@pytest.mark.parametrize("family", FAMILY_PROXIES)
+def test_family_proxies_fit_a_batch(family):
+    from workers.job import lr_lambda, make_optimizer
+    from workers.spec import OptimizerSpec
+
+    model = build_model(FAMILY_PROXIES[family], seed=0)
+    spec = OptimizerSpec(optimizer_type="AdamW", learning_rate=1e-2)
+    optimizer = make_optimizer(spec, model)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec))
+    ids = tokens(16)
+    losses = []
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = model(ids, ids.roll(-1, dims=1))[1]
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(value) for value in losses) and losses[-1] < 0.5 * losses[0]

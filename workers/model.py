@@ -18,7 +18,7 @@ no biases. Everything is picked by ModelZoo's model keys (``ModelConfig`` mirror
   ``attention_logits_alpha``, and the output logits scaled by ``output_logits_alpha`` times
   ``mup_base_hidden_size / hidden_size`` (its square root unless ``scale_output_logits_by_d``),
   or by a given ``output_logits_scale`` (the 1.x form); with the base sizes, the initializers
-  are scaled by width and depth as ModelZoo scales them, and ``learning_rate_scale`` gives the
+  are scaled by width and depth as ModelZoo scales them, and ``lr_adjustment_scales`` gives the
   per-layer learning-rate factors (``workers.job.make_optimizer`` applies them).
 
 Parameters are named as ModelZoo's ``GPT2LMHeadModel`` names them, so a ModelZoo
@@ -258,22 +258,37 @@ class ModelConfig:
                        filter_size=max(1, round(self.filter_size * k)), sparse_wide_sparsity=0.0)
 
 
-# ModelZoo's muP learning-rate groups (lr_adjustment_groups): parameter globs and the width
-# whose multiplier divides their learning rate.
-MUP_LR_GROUPS = ((("*decoder*attn*dense*weight", "*decoder*ffn.ffn.[!1]*weight"), "hidden"),
-                 (("*decoder*ffn.ffn.[1]*weight",), "filter"))
+# ModelZoo's lr_adjustment_groups, in its order: parameter globs of each named group.
+LR_ADJUSTMENT_GROUPS = {
+    "embedding": ("*embedding*weight",),
+    "decoder_kernel": ("*decoder*dense*weight", "*decoder*linear*weight"),  # the 1.x muP group
+    "decoder_attention": ("*decoder*attn*dense*weight",),
+    "decoder_input_ffn": ("*decoder*ffn.ffn.[!1]*weight",),
+    "decoder_output_ffn": ("*decoder*ffn.ffn.[1]*weight",),
+}
 
 
-def learning_rate_scale(config: ModelConfig, name: str) -> float:
-    """The factor on the learning rate of parameter ``name``: with muP's base sizes, 1 / the
-    width multiplier for the attention and FFN input kernels (hidden / mup_base_hidden_size)
-    and the FFN output kernels (filter / mup_base_filter_size); 1 otherwise."""
-    if not config.mup_base_hidden_size or not config.mup_base_filter_size:
-        return 1.0
-    for globs, width in MUP_LR_GROUPS:
-        if any(fnmatch.fnmatchcase(name, glob) for glob in globs):
-            return (config.mup_base_hidden_size / config.hidden_size if width == "hidden"
-                    else config.mup_base_filter_size / config.filter_size)
+def lr_adjustment_scales(config: ModelConfig, adjust: dict[str, float] | None = None) -> dict[str, float]:
+    """The learning-rate factor of each group: with muP's base sizes 1 / the width multiplier
+    for the attention and FFN input kernels (hidden / mup_base_hidden_size) and the FFN output
+    kernels (filter / mup_base_filter_size); ``adjust`` (``optimizer.adjust_learning_rate``,
+    the 1.x muP files' ``{decoder_kernel: 1/3}``) sets groups by name."""
+    scales = dict.fromkeys(LR_ADJUSTMENT_GROUPS, 1.0)
+    if config.mup_base_hidden_size and config.mup_base_filter_size:
+        scales["decoder_attention"] = scales["decoder_input_ffn"] = config.mup_base_hidden_size / config.hidden_size
+        scales["decoder_output_ffn"] = config.mup_base_filter_size / config.filter_size
+    for group, scale in (adjust or {}).items():
+        if group not in scales:
+            raise ValueError(f"optimizer.adjust_learning_rate.{group} is not one of {list(LR_ADJUSTMENT_GROUPS)}")
+        scales[group] = scale
+    return scales
+
+
+def learning_rate_scale(scales: dict[str, float], name: str) -> float:
+    """The factor of parameter ``name``: its first group (in ModelZoo's order) with a factor."""
+    for group, globs in LR_ADJUSTMENT_GROUPS.items():
+        if scales[group] != 1.0 and any(fnmatch.fnmatchcase(name, glob) for glob in globs):
+            return scales[group]
     return 1.0
 
 

@@ -296,6 +296,22 @@ def test_mup_learning_rates_are_divided_by_the_width_multipliers():
             assert torch.allclose(before[name] - p.detach(), 0.5 * scales[name] * (grads[name] + decay), atol=1e-7), name
 
 
+def test_the_1x_adjust_learning_rate_scales_every_decoder_kernel():
+    from workers.job import make_optimizer
+    from workers.spec import OptimizerSpec
+
+    model = build_model(replace(GPT, nonlinearity="swiglu"), seed=0)
+    optimizer = make_optimizer(OptimizerSpec(optimizer_type="SGD"), model, {"decoder_kernel": 1 / 3})
+    names = {id(p): n for n, p in model.named_parameters()}
+    rate = {names[id(p)]: group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    kernels = {n for n in rate if n.startswith("transformer_decoder.layers.") and n.endswith(".weight")
+               and "norm" not in n}
+    assert len(kernels) == 2 * 7 and all(rate[n] == pytest.approx(1 / 3) for n in kernels)
+    assert all(rate[n] == 1.0 for n in set(rate) - kernels)  # embeddings, norms, biases
+    with pytest.raises(ValueError, match="adjust_learning_rate.decoder_kernal is not one of"):
+        make_optimizer(OptimizerSpec(), model, {"decoder_kernal": 0.5})
+
+
 # ----------------------------------------------------------------------------- biases, tying
 @pytest.mark.parametrize("flag, names", [
     ("use_projection_bias_in_attention", [f"self_attn.proj_{x}_dense_layer.bias" for x in "qkv"]),

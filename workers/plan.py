@@ -53,11 +53,11 @@ def _groups(alg: Any) -> list[dict[str, Any]]:
     return groups
 
 
-def _targets(alg: Any, step: int | None = None) -> dict[str, float]:
-    """Each sparse parameter's scheduled sparsity at ``step`` (None: the algorithm's current step)."""
+def _targets(alg: Any) -> dict[str, float]:
+    """Each sparse parameter's scheduled sparsity at the algorithm's current step."""
     targets: dict[str, float] = {}
     for member in getattr(alg, "members", [alg]):
-        targets.update(member.layer_targets(member.step if step is None else step))
+        targets.update(member.layer_targets(member.step))
     return targets
 
 

@@ -521,3 +521,12 @@ def test_family_proxies_fit_a_batch(family):
         scheduler.step()
         losses.append(loss.item())
     assert all(math.isfinite(value) for value in losses) and losses[-1] < 0.5 * losses[0]
+
+
+def test_embedding_layer_norm_normalises_what_the_blocks_see():
+    model = build_model(replace(GPT, embedding_layer_norm=True, embeddings_scale=3.0, layer_norm_epsilon=1e-12), seed=0)
+    names = {n for n, _ in model.named_parameters()}
+    assert {"embedding_ln_f.weight", "embedding_ln_f.bias"} <= names
+    x = _decoder_input(model, tokens())
+    assert torch.allclose(x.mean(-1), torch.zeros(x.shape[:-1]), atol=1e-5)  # LayerNorm, then x 3
+    assert torch.allclose(x.std(-1, unbiased=False), torch.full(x.shape[:-1], 3.0), atol=1e-3)

@@ -530,3 +530,19 @@ def test_embedding_layer_norm_normalises_what_the_blocks_see():
     x = _decoder_input(model, tokens())
     assert torch.allclose(x.mean(-1), torch.zeros(x.shape[:-1]), atol=1e-5)  # LayerNorm, then x 3
     assert torch.allclose(x.std(-1, unbiased=False), torch.full(x.shape[:-1], 3.0), atol=1e-3)
+
+
+def test_checkpoints_written_before_the_new_model_keys_still_load(tmp_path):
+    from dataclasses import asdict
+
+    from workers.checkpoint import load_model_state
+
+    model = build_model(LLAMA, seed=0)
+    current = asdict(LLAMA)
+    older = {k: v for k, v in current.items() if k not in ("attention_module", "pos_scaling_type", "embeddings_scale")}
+    state = {"model": build_model(LLAMA, seed=1).state_dict(), "model_config": older}
+    load_model_state(model, None, state, tmp_path / "old.pt", current)
+    assert torch.equal(model.lm_head.weight, state["model"]["lm_head.weight"])
+    with pytest.raises(ValueError, match="was trained with model"):
+        load_model_state(model, None, {**state, "model_config": {**older, "embeddings_scale": 2.0}},
+                         tmp_path / "old.pt", current)

@@ -44,24 +44,7 @@ EXTRA_NOT_APPLIED: dict[str, frozenset[str]] = {
 # ModelZoo keys of features not built here: refused, naming the feature. A key that becomes a
 # field of its section (the model features of issue 21) is accepted instead and never looked up.
 UNSUPPORTED: dict[str, str] = {
-    "model.extra_attention_params": "grouped-query attention (extra_attention_params.num_kv_groups)",
-    "model.attention_module": "the attention module choice (multiquery_attention: grouped-query attention)",
-    "model.pos_scaling_factor": "RoPE scaling (pos_scaling_factor)",
-    "model.pos_scaling_type": "RoPE scaling (pos_scaling_type)",
-    "model.pos_scaling_extra_args": "RoPE scaling (pos_scaling_extra_args)",
-    "model.attention_sliding_window_length": "sliding-window attention",
-    "model.attention_sink_tokens": "attention sink tokens",
-    "model.attention_inner_dim": "an attention width other than hidden_size (attention_inner_dim)",
     "model.fixed_sparse_attention": "fixed sparse attention",
-    "model.embedding_layer_norm": "a layer norm after the embeddings (embedding_layer_norm)",
-    "model.embeddings_scale": "muP scaling (embeddings_scale)",
-    "model.output_logits_scale": "muP scaling (output_logits_scale)",
-    "model.scale_qk_dot_by_d": "muP scaling (scale_qk_dot_by_d)",
-    "model.mup_base_hidden_size": "muP scaling (mup_base_hidden_size)",
-    "model.mup_base_filter_size": "muP scaling (mup_base_filter_size)",
-    "model.output_logits_alpha": "muP scaling (output_logits_alpha)",
-    "model.alibi_trainable_slopes": "ALiBi positions",
-    "optimizer.adjust_learning_rate": "muP per-layer learning rates (adjust_learning_rate)",
     "optimizer.max_gradient_value": "gradient clipping by value (max_gradient_value)",
     "model.lora_params": "LoRA adapters (lora_params)",
     "train_input.data_transforms": "input data transforms (data_transforms)",
@@ -70,7 +53,6 @@ UNSUPPORTED: dict[str, str] = {
 # Values of known keys that name a feature not built here (checked only when the field
 # itself refuses the value, so a schema that grows the feature accepts it).
 UNSUPPORTED_VALUES: dict[tuple[str, Any], str] = {
-    ("model.position_embedding_type", "alibi"): "ALiBi positions (position_embedding_type: alibi)",
     ("model.position_embedding_type", "fixed"): "fixed sinusoidal positions",
     ("model.position_embedding_type", "relative"): "relative position embeddings",
 }

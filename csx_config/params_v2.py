@@ -13,13 +13,7 @@ SECTIONS = ("train_input", "eval_input", "model", "optimizer", "sparsity", "runc
 # model key -> the values that build the standard decoder (so the key changes nothing). Only
 # used while the key is not a ModelSpec field: once the feature is built, the field takes it.
 STANDARD_VALUES: dict[str, tuple[Any, ...]] = {
-    "attention_module": ("aiayn_attention",),
-    "pos_scaling_factor": (1.0,),
-    "attention_sliding_window_length": (None,),
-    "attention_sink_tokens": (None, 0),
-    "embedding_layer_norm": (False,),
     "fixed_sparse_attention": (None,),
-    "scale_qk_dot_by_d": (False,),
 }
 
 

@@ -106,9 +106,16 @@ class TokenizerSpec(_Section):
 Initializer = dict[str, Any]
 
 
+class ExtraAttentionParams(_Section):
+    """``model.extra_attention_params``: ``num_kv_groups`` key/value heads for
+    ``attention_module: multiquery_attention`` (1: multi-query; fewer than num_heads: GQA)."""
+    SECTION = "model.extra_attention_params"
+    num_kv_groups: PositiveInt | None = None
+
+
 class ModelSpec(_Section):
-    """ModelZoo's GPT2LMHeadModel keys (GPT-3 and Llama use the same model). Unset keys take
-    the preset's value, else ModelZoo's default (``MODELZOO_DEFAULTS``)."""
+    """ModelZoo's GPT2LMHeadModel keys (GPT-3, BTLM, Llama and Mistral use the same model).
+    Unset keys take the preset's value, else ModelZoo's default (``MODELZOO_DEFAULTS``)."""
     SECTION = "model"
     NOT_APPLIED = frozenset({
         "mixed_precision", "fp16_type", "use_bfloat16", "precision_opt_level", "loss_scaling",
@@ -121,14 +128,24 @@ class ModelSpec(_Section):
     num_heads: PositiveInt | None = None
     filter_size: PositiveInt | None = None
     max_position_embeddings: PositiveInt | None = None
-    position_embedding_type: Literal["learned", "rotary"] | None = None
+    position_embedding_type: Literal["learned", "rotary", "alibi"] | None = None
     rotary_dim: PositiveInt | None = None
     rope_theta: float | None = Field(None, gt=0.0)
+    pos_scaling_factor: float | None = Field(None, gt=0.0)
+    pos_scaling_type: Literal["linear", "llama3", "yarn", "YaRN"] | None = None
+    pos_scaling_extra_args: dict[str, float | int | bool] | None = None
+    alibi_trainable_slopes: bool | None = None
     share_embedding_weights: bool | None = None
+    embedding_layer_norm: bool | None = None
     nonlinearity: Literal["gelu", "gelu_new", "relu", "silu", "swish", "swiglu", "geglu", "reglu"] | None = None
     norm_type: Literal["layernorm", "rmsnorm"] | None = None
     layer_norm_epsilon: float | None = Field(None, gt=0.0)
     attention_type: Literal["scaled_dot_product", "dot_product"] | None = None
+    attention_module: Literal["aiayn_attention", "multiquery_attention"] | None = None
+    extra_attention_params: ExtraAttentionParams | None = None
+    attention_inner_dim: PositiveInt | None = None
+    attention_sliding_window_length: PositiveInt | None = None
+    attention_sink_tokens: NonNegativeInt | None = None
     use_projection_bias_in_attention: bool | None = None
     use_ffn_bias_in_attention: bool | None = None
     use_ffn_bias: bool | None = None
@@ -140,6 +157,14 @@ class ModelSpec(_Section):
     embedding_initializer: Initializer | None = None
     initializer: Initializer | None = None
     output_layer_initializer: Initializer | None = None
+    mup_base_hidden_size: float | None = Field(None, gt=0.0)
+    mup_base_filter_size: float | None = Field(None, gt=0.0)
+    embeddings_scale: float | None = Field(None, gt=0.0)
+    output_logits_alpha: float | None = Field(None, gt=0.0)
+    scale_output_logits_by_d: bool | None = None
+    output_logits_scale: float | None = Field(None, gt=0.0)
+    scale_qk_dot_by_d: bool | None = None
+    attention_logits_alpha: float | None = Field(None, gt=0.0)
     sparse_wide_sparsity: float = Field(0.0, ge=0.0, lt=1.0)
     tokenizer: TokenizerSpec = TokenizerSpec()
 
@@ -161,10 +186,15 @@ class ModelSpec(_Section):
         if self.preset:
             values.update(PRESETS[self.preset])
         values.update({k: getattr(self, k) for k in MODELZOO_DEFAULTS if getattr(self, k) is not None})
+        if self.extra_attention_params is not None:
+            values["extra_attention_params"] = self.extra_attention_params.model_dump(exclude_none=True)
         values["sparse_wide_sparsity"] = self.sparse_wide_sparsity
         return values
 
 
+# ModelZoo's lr_adjustment_groups (their parameter globs: workers.model.LR_ADJUSTMENT_GROUPS).
+LR_ADJUSTMENT_GROUPS = ("embedding", "decoder_kernel", "decoder_attention", "decoder_input_ffn",
+                        "decoder_output_ffn")
 # torch.nn.init names a ModelZoo initializer may use, with the keys each takes besides "name".
 INITIALIZERS = {"normal": ("mean", "std"), "truncated_normal": ("mean", "std", "a", "b"),
                 "uniform": ("a", "b"), "xavier_uniform": ("gain",), "xavier_normal": ("gain",),
@@ -173,13 +203,18 @@ INITIALIZERS = {"normal": ("mean", "std"), "truncated_normal": ("mean", "std", "
 MODELZOO_DEFAULTS: dict[str, Any] = {
     "vocab_size": 50257, "hidden_size": 768, "num_hidden_layers": 12, "num_heads": 12,
     "filter_size": 3072, "max_position_embeddings": 1024, "position_embedding_type": "learned",
-    "rotary_dim": None, "rope_theta": 10000.0, "share_embedding_weights": True,
-    "nonlinearity": "gelu", "norm_type": "layernorm", "layer_norm_epsilon": 1e-5,
-    "attention_type": "scaled_dot_product", "use_projection_bias_in_attention": True,
+    "rotary_dim": None, "rope_theta": 10000.0, "pos_scaling_factor": 1.0, "pos_scaling_type": "linear",
+    "pos_scaling_extra_args": None, "alibi_trainable_slopes": False, "share_embedding_weights": True,
+    "embedding_layer_norm": False, "nonlinearity": "gelu", "norm_type": "layernorm", "layer_norm_epsilon": 1e-5,
+    "attention_type": "scaled_dot_product", "attention_module": "aiayn_attention",
+    "extra_attention_params": None, "attention_inner_dim": None, "attention_sliding_window_length": None,
+    "attention_sink_tokens": None, "use_projection_bias_in_attention": True,
     "use_ffn_bias_in_attention": True, "use_ffn_bias": True, "use_bias_in_output": False,
     "dropout_rate": 0.1, "attention_dropout_rate": 0.1, "embedding_dropout_rate": None,
     "initializer_range": 0.02, "embedding_initializer": None, "initializer": None,
-    "output_layer_initializer": None,
+    "output_layer_initializer": None, "mup_base_hidden_size": None, "mup_base_filter_size": None,
+    "embeddings_scale": 1.0, "output_logits_alpha": None, "scale_output_logits_by_d": True,
+    "output_logits_scale": None, "scale_qk_dot_by_d": False, "attention_logits_alpha": 1.0,
 }
 _SMALL_LLAMA = {"position_embedding_type": "rotary", "norm_type": "rmsnorm", "nonlinearity": "swiglu",
                 "use_projection_bias_in_attention": False, "use_ffn_bias_in_attention": False,
@@ -210,6 +245,18 @@ class OptimizerSpec(_Section):
     eps: float | None = Field(None, gt=0.0)
     momentum: float | None = Field(None, ge=0.0)
     correct_bias: bool = True
+    # Learning-rate factor per parameter group (ModelZoo's 1.x muP files: {decoder_kernel: 0.1}).
+    adjust_learning_rate: dict[str, float] | None = None
+
+    @field_validator("adjust_learning_rate")
+    @classmethod
+    def _known_groups(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for group, factor in (value or {}).items():
+            if group not in LR_ADJUSTMENT_GROUPS:
+                raise ValueError(f"adjust_learning_rate.{group} is not one of {list(LR_ADJUSTMENT_GROUPS)}")
+            if not factor > 0:
+                raise ValueError(f"adjust_learning_rate.{group} must be > 0, got {factor}")
+        return value
 
     @field_validator("learning_rate")
     @classmethod

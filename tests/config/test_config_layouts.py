@@ -152,18 +152,18 @@ def test_1x_runconfig_keys_are_not_applied_with_a_reason() -> None:
 
 
 def test_a_feature_key_at_its_standard_value_changes_nothing() -> None:
-    spec = _spec("model: {attention_module: aiayn_attention, pos_scaling_factor: 1.0}")
-    assert spec.model.model_dump() == _spec("").model.model_dump() and len(spec.upgrades()) == 2
+    spec = _spec("model: {fixed_sparse_attention: null}")
+    assert spec.model.model_dump() == _spec("").model.model_dump() and len(spec.upgrades()) == 1
 
 
 # ---- all problems at once -------------------------------------------------------------------
 BAD = """
-model: {hiden_size: 3, num_heads: many, use_rms_nrm: true, pos_scaling_factor: 8.0}
+model: {hiden_size: 3, num_heads: many, use_rms_nrm: true, lora_params: {r: 8}}
 optimizer: {learning_rat: 0.1}
 runconfig: {max_steps: 0}
 trainr: {}
 """
-BAD_PATHS = ["model.hiden_size", "model.num_heads", "model.use_rms_nrm", "model.pos_scaling_factor",
+BAD_PATHS = ["model.hiden_size", "model.num_heads", "model.use_rms_nrm", "model.lora_params",
              "optimizer.learning_rat", "runconfig.max_steps", "trainr"]
 
 
@@ -179,7 +179,7 @@ def test_every_problem_of_a_file_is_in_one_message(tmp_path: Path, capsys) -> No
     assert err.count("csx run: error:") == 1 and "7 problems in params" in err
     assert all(where in err for where in BAD_PATHS)
     assert "did you mean 'hidden_size'" in err and "did you mean 'learning_rate'" in err
-    assert "RoPE scaling (pos_scaling_factor) is not supported here" in err
+    assert "LoRA adapters (lora_params) is not supported here" in err
 
 
 def test_a_trainer_files_problems_are_named_at_its_own_paths() -> None:
@@ -197,13 +197,13 @@ def test_a_trainer_files_problems_are_named_at_its_own_paths() -> None:
 # ---- removing keys --------------------------------------------------------------------------
 def test_keys_are_removed_from_the_command_line(tmp_path: Path, capsys) -> None:
     path = tmp_path / "p.yaml"
-    path.write_text("model: {preset: tiny, pos_scaling_factor: 8.0}\ntrain_input: {batch_size: 2}\n")
+    path.write_text("model: {preset: tiny, lora_params: {r: 8}}\ntrain_input: {batch_size: 2}\n")
     assert cli.main(["run", "--params", str(path), "--validate_only"]) == 2
     capsys.readouterr()
     assert cli.main(["run", "--params", str(path), "--validate_only",
-                     "--unset", "model.pos_scaling_factor"]) == 0
+                     "--unset", "model.lora_params"]) == 0
     assert cli.main(["run", "--params", str(path), "--validate_only",
-                     "--set", "~model.pos_scaling_factor", "model.hidden_size=32"]) == 0
+                     "--set", "~model.lora_params", "model.hidden_size=32"]) == 0
     assert cli.main(["run", "--params", str(path), "--validate_only", "--unset", "model.nothing"]) == 2
     assert "model.nothing is not in this file" in capsys.readouterr().err
 

@@ -44,7 +44,7 @@ runconfig: {max_steps: 50, num_csx: 4, eval_frequency: 10, save_checkpoint_steps
     ("model: {preset: huge}", "model.preset"),
     ("model: {nonlinearity: swishy}", "model.nonlinearity"),
     ("model: {norm_type: batchnorm}", "model.norm_type"),
-    ("model: {position_embedding_type: alibi}", "model.position_embedding_type"),
+    ("model: {position_embedding_type: relative}", "model.position_embedding_type"),
     ("model: {sparse_wide_sparsity: 1.0}", "model.sparse_wide_sparsity"),
     ("optimizer: {weight_decay: .nan}", "optimizer.weight_decay"),
     ("optimizer: {max_gradient_norm: -1}", "optimizer.max_gradient_norm"),

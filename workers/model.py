@@ -428,6 +428,8 @@ class MultiheadAttention(nn.Module):
         self.proj_output_dense_layer = nn.Linear(config.inner_dim, width, bias=config.use_ffn_bias_in_attention)
         self.dropout = config.attention_dropout_rate
         self.scale = config.attention_scale
+        # Read by simulator.layers_from_model to cost the attention scores.
+        self.window, self.sink_tokens = config.attention_sliding_window_length, config.attention_sink_tokens
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 mask: torch.Tensor | None) -> torch.Tensor:

@@ -330,6 +330,21 @@ def test_the_files_adjust_learning_rate_reaches_the_training_optimizer(tmp_path)
         JobSpec.from_yaml("optimizer: {adjust_learning_rate: {decoder_kernal: 0.25}}")
 
 
+def test_projections_cost_attention_at_its_inner_width_and_window():
+    from service.full_size import full_size_layers
+    from simulator.cost_model import layers_from_model
+
+    model = {"preset": "tiny", "hidden_size": 64, "num_heads": 4, "attention_inner_dim": 32,
+             "max_position_embeddings": 64, "attention_sliding_window_length": 8, "attention_sink_tokens": 2}
+    layers, _, _ = full_size_layers({"model": model, "train_input": {"max_sequence_length": 64}})
+    scores = [(layer.out_features, layer.in_features) for layer in layers if layer.name.endswith(".scores")]
+    assert scores and set(scores) == {(2 * (8 + 2), 32)}
+    built = build_model(model_config(JobSpec.model_validate({"model": model}), 256, 64), seed=0)
+    live = [(layer.out_features, layer.in_features) for layer in layers_from_model(built, seq_tokens=64)
+            if layer.name.endswith(".scores")]
+    assert live == scores
+
+
 # ----------------------------------------------------------------------------- biases, tying
 @pytest.mark.parametrize("flag, names", [
     ("use_projection_bias_in_attention", [f"self_attn.proj_{x}_dense_layer.bias" for x in "qkv"]),

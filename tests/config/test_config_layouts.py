@@ -220,10 +220,10 @@ def test_overrides_reach_trainer_files_by_either_path() -> None:
 def test_rest_overrides_remove_keys_the_same_way() -> None:
     from service.schemas import JobCreate
 
-    params = {"model": {"preset": "tiny", "use_rms_norm": True, "attention_sink_tokens": 4}}
-    job = JobCreate.model_validate({"params": params, "overrides": ["~model.attention_sink_tokens"]})
+    params = {"model": {"preset": "tiny", "use_rms_norm": True, "lora_params": {"r": 8}}}
+    job = JobCreate.model_validate({"params": params, "overrides": ["~model.lora_params"]})
     assert job.params.model.norm_type == "rmsnorm"
-    with pytest.raises(ValidationError, match="attention sink tokens is not supported"):
+    with pytest.raises(ValidationError, match="LoRA adapters \\(lora_params\\) is not supported"):
         JobCreate.model_validate({"params": params})
 
 

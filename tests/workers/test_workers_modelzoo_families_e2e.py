@@ -18,18 +18,23 @@ CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "modelzoo_corpus"
 TEXT = "".join(f"{i}: to be, or not to be, that is the question.\n" for i in range(60))
 SEQ = 16
 ROTARY = {"model.rotary_dim": 8}  # the proxy's head size (32 / 4 heads)
-# family -> (corpus file, what shrinking that family's features needs besides the sizes)
+GQA = {"model.extra_attention_params.num_kv_groups": 2}  # 4 query heads share 2 key/value heads
+# family -> (corpus file, what shrinking that family's features needs besides the sizes,
+#            MLflow params showing the family's feature keys reached the run)
 FAMILIES = {
-    "gpt2": ("gpt2/params_v1/r1.7.0_params_gpt2_small.yaml", {}),
-    "gpt3": ("gpt3/trainer/r2.4.0_sparsity_pretraining_params_gpt3_125m_rigl75.yaml", {}),
-    "cerebras-gpt-mup": ("gpt3/params_v1/r1.9.1_Cerebras_GPT_111m_mup.yaml", {}),
-    "llama2": ("llama/params_v2/r2.1.0_params_llama2_13b.yaml", ROTARY),
-    "llama3-gqa-rope-scaling": ("llama/params_v2/r2.3.1_params_llama3p1_8b_msl_8k.yaml",
-                                {**ROTARY, "model.extra_attention_params.num_kv_groups": 2}),
+    "gpt2": ("gpt2/params_v1/r1.7.0_params_gpt2_small.yaml", {}, {}),
+    "gpt3": ("gpt3/trainer/r2.4.0_sparsity_pretraining_params_gpt3_125m_rigl75.yaml", {}, {}),
+    "cerebras-gpt-mup": ("gpt3/params_v1/r1.9.1_Cerebras_GPT_111m_mup.yaml", {},
+                         {"model.embeddings_scale": "10.0", "model.scale_qk_dot_by_d": "True",
+                          "optimizer.adjust_learning_rate.decoder_kernel": str(1 / 3)}),
+    "llama2": ("llama/params_v2/r2.1.0_params_llama2_13b.yaml", ROTARY, {"model.norm_type": "rmsnorm"}),
+    "llama3-gqa-rope-scaling": ("llama/params_v2/r2.3.1_params_llama3p1_8b_msl_8k.yaml", {**ROTARY, **GQA},
+                                {"model.pos_scaling_type": "llama3", "model.extra_attention_params.num_kv_groups": "2"}),
     "mistral-sliding-window": ("mistral/trainer/r2.4.0_params_mistral_7B.yaml",
-                               {**ROTARY, "model.extra_attention_params.num_kv_groups": 2,
-                                "model.attention_sliding_window_length": SEQ // 2}),
-    "btlm-alibi-mup": ("btlm/trainer/r2.5.0_params_btlm_2p7b_8k.yaml", {}),
+                               {**ROTARY, **GQA, "model.attention_sliding_window_length": SEQ // 2},
+                               {"model.attention_sliding_window_length": str(SEQ // 2)}),
+    "btlm-alibi-mup": ("btlm/trainer/r2.5.0_params_btlm_2p7b_8k.yaml", {},
+                       {"model.position_embedding_type": "alibi", "model.mup_base_hidden_size": "256.0"}),
 }
 
 
@@ -59,7 +64,7 @@ def _proxy(data: Path, family_keys: dict) -> list[str]:
 def test_every_family_trains_a_proxy_on_2_systems_with_sparsity_at_target(family, hdf5_data, tmp_path,
                                                                           tracking_uri, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
-    path, family_keys = FAMILIES[family]
+    path, family_keys, features = FAMILIES[family]
     args = ["run", "--params", str(CORPUS / path), "--num_csx", "2", "--model_dir", str(tmp_path / "run"),
             *_proxy(hdf5_data, family_keys)]
     assert cli.main(args) == 0, capsys.readouterr().err
@@ -69,6 +74,7 @@ def test_every_family_trains_a_proxy_on_2_systems_with_sparsity_at_target(family
     client = MlflowClient(tracking_uri=tracking_uri)
     run = client.get_run(summary["run_id"])
     assert run.info.status == "FINISHED" and run.data.params["model.hidden_size"] == "32"
+    assert {key: run.data.params.get(key) for key in features} == features
     target = float(run.data.params["target_sparsity"])
     assert target > 0
     history = client.get_metric_history(run.info.run_id, "sparsity/global")

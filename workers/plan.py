@@ -29,9 +29,10 @@ FLOAT_BYTES = 4
 
 
 def _attention_context(config: ModelConfig, seq_len: int) -> int:
-    """Keys each query scores: the sequence, or the sliding window when shorter."""
-    window = config.attention_sliding_window_length
-    return seq_len if window is None else min(seq_len, window)
+    """Keys each query scores: the sequence, or the sliding window and its sink tokens."""
+    from simulator.cost_model import attended_keys
+
+    return attended_keys(seq_len, config.attention_sliding_window_length, config.attention_sink_tokens)
 
 
 def _attention_flops_per_token(config: ModelConfig, seq_len: int) -> int:

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
 from workers.runner import run_job  # noqa: E402
-from workers.spec import JobSpec  # noqa: E402
+from csx_config import JobSpec  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dp_scaling.json"
 TARGET_RATIO = 1.7

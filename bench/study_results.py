@@ -130,7 +130,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     from workers.job import build_sparse_model
     from workers.model import ModelConfig
     from workers.perf import project
-    from workers.spec import JobSpec
+    from csx_config import JobSpec
     from workers.train import train
 
     torch.set_num_threads(1)

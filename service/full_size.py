@@ -58,16 +58,18 @@ def full_size_projection(trained: dict[str, dict[str, float]], full_layers: Sequ
 def full_size_layers(params: dict[str, Any]) -> tuple[list[Any], int, str]:
     """(dense layers, tokens per step, description) of the model `params` describes, from its
     plan (built on the meta device: any size, no memory); attention scores included."""
-    from simulator.cost_model import LayerShape
+    from simulator.cost_model import LayerShape, attended_keys
     from workers.plan import validate_plan
-    from workers.spec import JobSpec
+    from csx_config import JobSpec
 
     plan = validate_plan(JobSpec.model_validate({**params, "sparsity": None}), 1)
     model = plan["model"]
     layers = [LayerShape(layer["name"].removesuffix(" (tied)"), *layer["shape"])
               for layer in plan["layers"]]
-    layers += [LayerShape(f"attention.{i}.scores", 2 * plan["seq_len"], model["hidden_size"],
-                          streams_weights=False) for i in range(model["num_hidden_layers"])]
+    keys = attended_keys(plan["seq_len"], model["attention_sliding_window_length"], model["attention_sink_tokens"])
+    width = model["attention_inner_dim"] or model["hidden_size"]
+    layers += [LayerShape(f"attention.{i}.scores", 2 * keys, width, streams_weights=False)
+               for i in range(model["num_hidden_layers"])]
     description = (f"full size: {model['num_hidden_layers']} layers, hidden_size "
                    f"{model['hidden_size']}, {model['parameters'] / 1e6:,.0f}M parameters, "
                    f"{plan['tokens_per_step']:,} tokens per step (the params without overrides)")

@@ -15,8 +15,8 @@ from service.models import Job
 from service.preflight import Problem, check_params
 from service.schemas import JobDetail, JobPublic, RunOptions
 from service.settings import Settings
+from csx_config import JobSpec
 from workers import memory
-from workers.spec import JobSpec
 
 
 class SubmissionError(ValueError):

@@ -245,7 +245,7 @@ class Scheduler:
 
     def _prepare(self, execution: Execution, resume: bool) -> tuple[Any, dict[str, Any]]:
         """VALIDATING → PROVISIONING (deep validation, with torch), or resume as is."""
-        from workers.spec import JobSpec
+        from csx_config import JobSpec
 
         job_id = execution.job_id
         with self.sessions() as session:

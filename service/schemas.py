@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from workers.spec import JobSpec, with_overrides
+from csx_config import JobSpec, with_overrides
 
 # Ids are `integer` columns: 32-bit on PostgreSQL. A larger id cannot exist, so it is a 422
 # (PostgreSQL refused to compare one: a 500).
@@ -57,7 +57,8 @@ class RunOptions(BaseModel):
     tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=50)
     overrides: list[Annotated[str, StringConstraints(max_length=1000)]] = Field(
         default_factory=list, max_length=100,
-        description="`section.key=value` applied to params first, as `csx run --set` does")
+        description="`section.key=value` (or `~section.key` to remove a key) applied to params "
+                    "first, as `csx run --set` / `--unset` do")
 
     @model_validator(mode="before")
     @classmethod

@@ -24,7 +24,7 @@ from service.schemas import (
 )
 from service.settings import Settings
 from service.states import TERMINAL, JobStatus
-from workers.spec import JobSpec
+from csx_config import JobSpec
 
 # Share of max_steps over which dynamic algorithms update masks (then masks stay fixed).
 UPDATE_STOP_FRACTION = 0.75

@@ -296,12 +296,19 @@ def gpt_layer_shapes(*, n_layer: int, d_model: int, d_ff: int, vocab_size: int, 
     return layers
 
 
+def attended_keys(seq_tokens: int, window: int | None = None, sink_tokens: int | None = None) -> int:
+    """Keys each query's scores are computed against: the sequence, or with a sliding window
+    at most the window plus the sink tokens."""
+    return seq_tokens if window is None else min(seq_tokens, window + (sink_tokens or 0))
+
+
 def layers_from_model(model: nn.Module, seq_tokens: int | None = None) -> list[LayerShape]:
     """Every linear layer of `model` with its live `weight_mask` (dense when it has none).
 
     With seq_tokens (the sequence length), each module whose class name contains "Attention"
     also contributes its QKᵀ and AV products as a dense, activation-only layer
-    (2·seq_tokens × width, width = in_features of its first linear child).
+    (2·keys × width: width = num_heads · head_dim where the module has them, else in_features
+    of its first linear child; keys = attended_keys with the module's window and sink_tokens).
     """
     from simulator.layers import CSRLinear  # layers does not import this module: no cycle
 
@@ -317,9 +324,11 @@ def layers_from_model(model: nn.Module, seq_tokens: int | None = None) -> list[L
         elif seq_tokens is not None and "attention" in type(module).__name__.lower():
             width = next((child.in_features for child in module.modules()
                           if isinstance(child, (nn.Linear, CSRLinear))), None)
+            if hasattr(module, "num_heads") and hasattr(module, "head_dim"):
+                width = module.num_heads * module.head_dim  # narrower than the stream: attention_inner_dim
             if width is not None:
-                layers.append(LayerShape(f"{name}.scores", 2 * seq_tokens, width,
-                                         streams_weights=False))
+                keys = attended_keys(seq_tokens, getattr(module, "window", None), getattr(module, "sink_tokens", None))
+                layers.append(LayerShape(f"{name}.scores", 2 * keys, width, streams_weights=False))
     if not layers:
         raise ValueError("model has no linear layers to project")
     return layers

@@ -17,11 +17,14 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from workers.model import ModelConfig
 
 _NAME = re.compile(r"^checkpoint_(\d+)\.mdl$")
 
@@ -117,6 +120,10 @@ def load_model_state(model: torch.nn.Module, algorithm: Any, state: dict[str, An
     from sparsity.checkpoint import MASK_SUFFIX, load_into_sparse, recover_masks
 
     saved_config = state.get("model_config")
+    if saved_config is not None:
+        # Model keys added after the checkpoint was written take their defaults, which build
+        # the model it was trained with.
+        saved_config = {**asdict(ModelConfig()), **saved_config}
     if saved_config is not None and saved_config != model_config:
         raise ValueError(f"checkpoint {str(source)!r} was trained with model {saved_config}, "
                          f"but the params build {model_config}")

@@ -2,7 +2,8 @@
 
     csx run --params P.yaml [--num_csx N] [--mode train|eval|train_and_eval|eval_all]
             [--model_dir D] [--checkpoint_path C] [--validate_only] [--set KEY.PATH=VALUE ...]
-            [--logging DEBUG]
+            [--unset KEY.PATH ...] [--logging DEBUG]
+    csx convert FILE --to trainer|params [-o OUT]
     csx preprocess --input TEXT [TEXT ...] --output_dir D --max_sequence_length N
             [--vocab_file F [--merges_file M]]
     csx finalize --input ckpt --output ckpt [--mode zeros|nan] [--csr out.npz]
@@ -24,7 +25,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from workers.spec import JobSpec
+import yaml
+from pydantic import ValidationError
+
+from csx_config import JobSpec, parse_yaml, format_problems
 
 PLUGIN_COMMANDS = {name: "service.cli" for name in ("serve", "submit", "study", "token",
                                                   "local-study")}
@@ -68,7 +72,10 @@ def _add_run(subparsers: Any) -> None:
     parser.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
                         metavar="KEY.PATH=VALUE",
                         help="override params keys, typed by the schema, e.g. "
-                             "--set model.num_hidden_layers=2 model.hidden_size=256")
+                             "--set model.num_hidden_layers=2 model.hidden_size=256 (any layout's file)")
+    parser.add_argument("--unset", dest="overrides", action="extend", nargs="+", type=lambda key: f"~{key}",
+                        metavar="KEY.PATH", help="remove keys from the params, e.g. --unset model.foo "
+                                                 "(the same as --set '~model.foo')")
     parser.add_argument("--python_paths", nargs="+", default=[], metavar="DIR",
                         help="folders of your own code (e.g. a SparsityAlgorithm subclass the params "
                              "name as `algorithm: MyAlgo`), imported before the run; CLI only")
@@ -100,25 +107,26 @@ def _add_preprocess(subparsers: Any) -> None:
     parser.set_defaults(handler=_preprocess)
 
 
+def _add_convert(subparsers: Any) -> None:
+    parser = subparsers.add_parser("convert", help="write a ModelZoo file (any layout) normalised, "
+                                                   "in the params or the trainer layout")
+    parser.add_argument("file", help="ModelZoo YAML: 1.x params, 2.x params or trainer layout")
+    parser.add_argument("--to", choices=["params", "trainer"], required=True)
+    parser.add_argument("-o", "--output", default=None, help="file to write (default: stdout)")
+    parser.set_defaults(handler=_convert)
+
+
 LOCAL_COMMANDS: dict[str, Callable[[Any], None]] = {"run": _add_run, "finalize": _add_finalize,
-                                                    "preprocess": _add_preprocess}
+                                                    "preprocess": _add_preprocess, "convert": _add_convert}
 
 
 def _load_spec(args: argparse.Namespace) -> JobSpec:
     path = Path(args.params)
     if not path.is_file():
         raise ValueError(f"--params {args.params!r} is not a file")
-    spec = JobSpec.from_yaml(path.read_text(encoding="utf-8"), args.overrides)
-    runconfig = {}
-    if args.num_csx is not None:
-        runconfig["num_csx"] = args.num_csx
-    if args.checkpoint_path is not None:
-        runconfig["checkpoint_path"] = args.checkpoint_path
-    if not runconfig:
-        return spec
-    data = spec.model_dump()
-    data["runconfig"].update(runconfig)
-    return JobSpec.model_validate(data)  # validates the overrides (e.g. num_csx <= 192)
+    flags = [f"runconfig.{key}={value}" for key, value in
+             (("num_csx", args.num_csx), ("checkpoint_path", args.checkpoint_path)) if value is not None]
+    return JobSpec.from_yaml(path.read_text(encoding="utf-8"), [*args.overrides, *flags])
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -131,6 +139,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.validate_only:
         from workers.plan import plan_table, validate_plan
 
+        for note in spec.upgrades():
+            print(f"upgraded: {note}")
+
         print(plan_table(validate_plan(spec, num_csx), debug=args.logging == "DEBUG"))
         return 0
     from workers.memory import too_big
@@ -141,8 +152,10 @@ def _run(args: argparse.Namespace) -> int:
     if refusal:
         raise ValueError(f"model: {refusal}")
     check_fits(validate_plan(spec, num_csx), spec)  # data and memory, before any worker starts
-    for key in spec.not_applied():
-        logging.getLogger("csx").info("not applied here (hardware-only key): %s", key)
+    for note in spec.upgrades():
+        logging.getLogger("csx").info("upgraded: %s", note)
+    for key, why in spec.not_applied_reasons().items():
+        logging.getLogger("csx").info("not applied here: %s (%s)", key, why)
     model_dir = args.model_dir or spec.runconfig.model_dir or str(Path("runs") / Path(args.params).stem)
     progress = ProgressPrinter()
     from workers.tracking import cli_run_name, sparsity_params
@@ -189,6 +202,25 @@ def _train_locally(spec: JobSpec, mode: str, model_dir: str, progress: ProgressP
                     "num_csx": 1, "attempts": 1, "restarts": 0,
                     "job_wall_s": time.perf_counter() - started})
     return summary
+
+
+def _convert(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        raise ValueError(f"{args.file!r} is not a file")
+    spec = JobSpec.model_validate(parse_yaml(path.read_text(encoding="utf-8")))
+    data, dropped = spec.to_layout(args.to)
+    for note in spec.upgrades():
+        print(f"csx convert: upgraded {note}", file=sys.stderr)
+    if dropped:
+        print(f"csx convert: left out (not applied here, no {args.to} key): {', '.join(dropped)}",
+              file=sys.stderr)
+    text = yaml.safe_dump(data, sort_keys=False)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _preprocess(args: argparse.Namespace) -> int:
@@ -240,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ValueError as err:  # bad spec or input: the message names the field, no traceback
-        print(f"csx {args.command}: error: {err}", file=sys.stderr)
+        message = format_problems(err) if isinstance(err, ValidationError) else err
+        print(f"csx {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

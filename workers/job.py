@@ -23,9 +23,9 @@ from workers.data import (
     tokenizer_from_json,
 )
 from workers.hdf5 import HDF5BatchSampler, HDF5EvalBatches, HDF5Samples, has_h5_files
-from workers.model import ModelConfig, Transformer, build_model
-from workers.schedulers import learning_rate_at
-from workers.spec import HDF5_PROCESSORS, InputSpec, JobSpec, OptimizerSpec
+from workers.model import ModelConfig, Transformer, build_model, learning_rate_scale, lr_adjustment_scales
+from csx_config.schedulers import learning_rate_at
+from csx_config import HDF5_PROCESSORS, InputSpec, JobSpec, OptimizerSpec
 
 TOKENIZER_FILE = "tokenizer.json"
 BYTE_VOCAB = 256
@@ -209,10 +209,12 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
     return classes[name.lower()]
 
 
-def make_optimizer(spec: OptimizerSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(spec: OptimizerSpec, model: torch.nn.Module,
+                   adjust_learning_rate: dict[str, float] | None = None) -> torch.optim.Optimizer:
     """Weight decay only on tensors with >= 2 dims (nanoGPT); options the spec sets must be
-    accepted by the chosen class. The learning rate is 1.0 here: ``lr_lambda`` gives the
-    absolute rate of every step."""
+    accepted by the chosen class. The learning rate is 1.0 here, times each parameter's muP /
+    ``adjust_learning_rate`` factor (``workers.model.lr_adjustment_scales``): ``lr_lambda``
+    gives the absolute rate of every step."""
     cls = optimizer_class(spec.optimizer_type)
     accepted = inspect.signature(cls.__init__).parameters
     options = spec.extra_kwargs()
@@ -228,11 +230,31 @@ def make_optimizer(spec: OptimizerSpec, model: torch.nn.Module) -> torch.optim.O
         # state (bench/masked_overhead.py: 1.09x vs 1.01x of dense at 80% RigL).
         options["fused"] = True
     if "weight_decay" in options:
-        groups: Any = [{"params": [p for p in params if p.dim() >= 2]},
-                       {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        groups: list[dict[str, Any]] = [{"params": [p for p in params if p.dim() >= 2]},
+                                        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     else:
-        groups = params
-    return cls(groups, lr=1.0, **options)
+        groups = [{"params": params}]
+    return cls(_with_lr_scales(groups, model, adjust_learning_rate), lr=1.0, **options)
+
+
+def _with_lr_scales(groups: list[dict[str, Any]], model: torch.nn.Module,
+                    adjust: dict[str, float] | None) -> list[dict[str, Any]]:
+    """``groups`` with the parameters whose learning rate is scaled moved into groups of their
+    own whose base rate is the scale (LambdaLR multiplies it by the schedule's rate).
+    Unscaled parameters keep the first groups, so param_groups[0] has the schedule's rate."""
+    config = getattr(model, "built", None)
+    if config is None:
+        return groups
+    scales = lr_adjustment_scales(config, adjust)
+    names = {id(p): name for name, p in model.named_parameters()}
+    scaled: list[dict[str, Any]] = []
+    for group in groups:
+        by_scale: dict[float, list[torch.nn.Parameter]] = {}
+        for p in group["params"]:
+            by_scale.setdefault(learning_rate_scale(scales, names[id(p)]), []).append(p)
+        group["params"] = by_scale.pop(1.0, [])
+        scaled += [{**group, "params": ps, "lr": scale} for scale, ps in by_scale.items()]
+    return groups + scaled
 
 
 def lr_lambda(spec: OptimizerSpec) -> Callable[[int], float]:

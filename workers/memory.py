@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.spec import HDF5_PROCESSORS, JobSpec
+from csx_config import HDF5_PROCESSORS, JobSpec
 
 FLOAT_BYTES = 4
 BYTE_VOCAB = 256

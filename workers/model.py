@@ -1,11 +1,32 @@
-"""One pre-norm decoder for the GPT-2/3 and Llama families, with ModelZoo's parameter names.
+"""One pre-norm decoder for the GPT-2/3, Cerebras-GPT, BTLM, Llama 1-3 and Mistral families,
+with ModelZoo's parameter names.
 
 GPT-2/3: learned positions, LayerNorm, GELU, biases. Llama: rotary positions, RMSNorm, SwiGLU,
-no biases. Everything is picked by ModelZoo's model keys (``ModelConfig`` mirrors them), and the
-parameters are named as ModelZoo's ``GPT2LMHeadModel`` names them, so a ModelZoo
+no biases. Everything is picked by ModelZoo's model keys (``ModelConfig`` mirrors them):
+
+- grouped-query / multi-query attention: ``attention_module: multiquery_attention`` with
+  ``extra_attention_params: {num_kv_groups: G}`` (G key/value heads; ModelZoo's default 1 is
+  MQA), query head h reading key/value head ``h // (num_heads / G)``; ``attention_inner_dim``
+  (Mistral-Nemo: q/k/v heads narrower than the residual stream);
+- rotary positions with ``rope_theta``, ``rotary_dim`` and ``pos_scaling_type`` linear (positions
+  divided by ``pos_scaling_factor``), llama3 (Llama-3.1's banded rule) or yarn, their
+  ``pos_scaling_extra_args`` as ModelZoo names them; ALiBi (``position_embedding_type: alibi``,
+  Press et al. 2022, optionally ``alibi_trainable_slopes``);
+- sliding-window attention (``attention_sliding_window_length``: each query sees itself and
+  the window - 1 tokens before it; ``attention_sink_tokens``: the first tokens stay visible);
+- muP (Cerebras-GPT, BTLM): ``embeddings_scale``, ``scale_qk_dot_by_d``,
+  ``attention_logits_alpha``, and the output logits scaled by ``output_logits_alpha`` times
+  ``mup_base_hidden_size / hidden_size`` (its square root unless ``scale_output_logits_by_d``),
+  or by a given ``output_logits_scale`` (the 1.x form); with the base sizes, the initializers
+  are scaled by width and depth as ModelZoo scales them, and ``lr_adjustment_scales`` gives the
+  per-layer learning-rate factors (``workers.job.make_optimizer`` applies them).
+
+Parameters are named as ModelZoo's ``GPT2LMHeadModel`` names them, so a ModelZoo
 ``param_filter`` / ``param_name_patterns`` selects exactly the layers it selects there::
 
     embedding_layer.word_embeddings.weight, embedding_layer.position_embeddings.weight
+    embedding_layer.position_embed_helper.slopes                   (trainable ALiBi slopes)
+    embedding_ln_f.{weight,bias}                                   (embedding_layer_norm)
     transformer_decoder.layers.{i}.norm1.{weight,bias}
     transformer_decoder.layers.{i}.self_attn.proj_{q,k,v}_dense_layer.{weight,bias}
     transformer_decoder.layers.{i}.self_attn.proj_output_dense_layer.{weight,bias}
@@ -29,6 +50,7 @@ reports those costs).
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,6 +62,16 @@ from torch import nn
 GLU_ACTIVATIONS = {"swiglu": F.silu, "geglu": F.gelu, "reglu": F.relu}
 ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
                "silu": F.silu, "swish": F.silu}
+ATTENTION_MODULES = ("aiayn_attention", "multiquery_attention")
+POSITION_EMBEDDINGS = ("learned", "rotary", "alibi")
+# The pos_scaling_extra_args each pos_scaling_type reads, with ModelZoo's defaults (None: required).
+POS_SCALING_ARGS: dict[str, dict[str, Any]] = {
+    "linear": {},
+    "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "yarn": {"original_max_position_embeddings": None, "beta_fast": 32.0, "beta_slow": 1.0,
+             "extrapolation_factor": 1.0, "mscale_a": 0.1, "mscale_b": 1.0, "truncate": True},
+}
+EXTRA_ATTENTION_PARAMS = ("num_kv_groups",)
 
 
 @dataclass(frozen=True)
@@ -54,11 +86,21 @@ class ModelConfig:
     position_embedding_type: str = "rotary"
     rotary_dim: int | None = None  # None: the whole head
     rope_theta: float = 10000.0
+    pos_scaling_factor: float = 1.0
+    pos_scaling_type: str = "linear"
+    pos_scaling_extra_args: dict[str, Any] | None = None
+    alibi_trainable_slopes: bool = False
     share_embedding_weights: bool = True
+    embedding_layer_norm: bool = False
     nonlinearity: str = "swiglu"
     norm_type: str = "rmsnorm"
     layer_norm_epsilon: float = 1e-5
     attention_type: str = "scaled_dot_product"
+    attention_module: str = "aiayn_attention"
+    extra_attention_params: dict[str, Any] | None = None
+    attention_inner_dim: int | None = None  # None: hidden_size
+    attention_sliding_window_length: int | None = None
+    attention_sink_tokens: int | None = None
     use_projection_bias_in_attention: bool = False
     use_ffn_bias_in_attention: bool = False
     use_ffn_bias: bool = False
@@ -70,6 +112,15 @@ class ModelConfig:
     embedding_initializer: dict[str, Any] | None = None
     initializer: dict[str, Any] | None = None
     output_layer_initializer: dict[str, Any] | None = None
+    # muP
+    mup_base_hidden_size: float | None = None
+    mup_base_filter_size: float | None = None
+    embeddings_scale: float = 1.0
+    output_logits_alpha: float | None = None
+    scale_output_logits_by_d: bool = True
+    output_logits_scale: float | None = None
+    scale_qk_dot_by_d: bool = False
+    attention_logits_alpha: float = 1.0
     sparse_wide_sparsity: float = 0.0
 
     def __post_init__(self) -> None:
@@ -77,31 +128,121 @@ class ModelConfig:
                      "max_position_embeddings"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"model.hidden_size ({self.hidden_size}) must be a multiple of "
-                             f"num_heads ({self.num_heads})")
-        if self.position_embedding_type == "rotary" and (
-                self.rotary_size % 2 or self.rotary_size > self.head_dim):
-            raise ValueError(f"model.rotary_dim ({self.rotary_size}) must be even and at most the "
-                             f"head size hidden_size / num_heads = {self.head_dim}")
         if self.nonlinearity not in GLU_ACTIVATIONS and self.nonlinearity not in ACTIVATIONS:
             raise ValueError(f"model.nonlinearity {self.nonlinearity!r} is not one of "
                              f"{sorted({**GLU_ACTIVATIONS, **ACTIVATIONS})}")
         if not 0.0 <= self.sparse_wide_sparsity < 1.0:
             raise ValueError(
                 f"model.sparse_wide_sparsity must be in [0, 1), got {self.sparse_wide_sparsity}")
+        self._check_attention()
+        self._check_positions()
+        self._check_mup()
+
+    def _check_attention(self) -> None:
+        inner = "attention_inner_dim" if self.attention_inner_dim else "hidden_size"
+        if self.inner_dim % self.num_heads:
+            raise ValueError(f"model.{inner} ({self.inner_dim}) must be a multiple of num_heads ({self.num_heads})")
+        if self.attention_module not in ATTENTION_MODULES:
+            raise ValueError(f"model.attention_module {self.attention_module!r} is not one of "
+                             f"{list(ATTENTION_MODULES)}")
+        extra = self.extra_attention_params or {}
+        for key in extra:
+            if key not in EXTRA_ATTENTION_PARAMS:
+                raise ValueError(f"model.extra_attention_params.{key} is not supported here "
+                                 f"(known: {list(EXTRA_ATTENTION_PARAMS)})")
+        if "num_kv_groups" in extra:
+            groups = extra["num_kv_groups"]
+            if self.attention_module != "multiquery_attention":
+                raise ValueError("model.extra_attention_params.num_kv_groups needs "
+                                 "model.attention_module: multiquery_attention")
+            if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or self.num_heads % groups:
+                raise ValueError(f"model.extra_attention_params.num_kv_groups ({groups!r}) must be a "
+                                 f"positive divisor of num_heads ({self.num_heads})")
+        window, sinks = self.attention_sliding_window_length, self.attention_sink_tokens
+        if window is not None and window < 1:
+            raise ValueError(f"model.attention_sliding_window_length must be >= 1, got {window}")
+        if sinks is not None and (window is None or sinks < 0):
+            raise ValueError("model.attention_sink_tokens needs model.attention_sliding_window_length "
+                             f"and must be >= 0, got {sinks}")
+
+    def _check_positions(self) -> None:
+        kind, scaling = self.position_embedding_type, self.pos_scaling_type.lower()
+        if kind not in POSITION_EMBEDDINGS:
+            raise ValueError(f"model.position_embedding_type {kind!r} is not one of {list(POSITION_EMBEDDINGS)}")
+        if kind == "rotary" and (self.rotary_size % 2 or self.rotary_size > self.head_dim):
+            raise ValueError(f"model.rotary_dim ({self.rotary_size}) must be even and at most the "
+                             f"head size {self.head_dim}")
+        if scaling not in POS_SCALING_ARGS:
+            raise ValueError(f"model.pos_scaling_type {self.pos_scaling_type!r} is not one of {list(POS_SCALING_ARGS)}")
+        if not self.pos_scaling_factor > 0:
+            raise ValueError(f"model.pos_scaling_factor must be > 0, got {self.pos_scaling_factor}")
+        if kind == "learned" and (self.pos_scaling_factor != 1.0 or scaling != "linear"):
+            raise ValueError("model.pos_scaling_factor / pos_scaling_type apply to rotary and alibi "
+                             "positions only, not learned ones")
+        if kind == "alibi" and scaling != "linear":
+            raise ValueError("model.pos_scaling_type must be linear with alibi positions")
+        for key in self.pos_scaling_extra_args or {}:
+            if key not in POS_SCALING_ARGS[scaling]:
+                raise ValueError(f"model.pos_scaling_extra_args.{key} is not read by pos_scaling_type "
+                                 f"{scaling} (it reads {list(POS_SCALING_ARGS[scaling])})")
+        missing = [key for key, value in self.scaling_args.items() if value is None]
+        if missing:
+            raise ValueError(f"model.pos_scaling_extra_args needs {missing} for pos_scaling_type {scaling}")
+
+    def _check_mup(self) -> None:
+        bases = (self.mup_base_hidden_size, self.mup_base_filter_size)
+        if (bases[0] is None) != (bases[1] is None):
+            raise ValueError("muP needs both model.mup_base_hidden_size and model.mup_base_filter_size")
+        if bases[0] is not None and self.output_logits_scale is not None:
+            raise ValueError("model.output_logits_scale is the older muP form: give it, or the muP base "
+                             "sizes (mup_base_hidden_size, mup_base_filter_size), not both")
+
+    @property
+    def inner_dim(self) -> int:
+        """Width of all query (and output-projection input) heads together."""
+        return self.attention_inner_dim or self.hidden_size
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.inner_dim // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: num_heads, or num_kv_groups for multiquery_attention (default 1)."""
+        if self.attention_module != "multiquery_attention":
+            return self.num_heads
+        return (self.extra_attention_params or {}).get("num_kv_groups", 1)
 
     @property
     def rotary_size(self) -> int:
         return self.rotary_dim or self.head_dim
 
     @property
+    def scaling_args(self) -> dict[str, Any]:
+        """pos_scaling_extra_args with ModelZoo's defaults for the scaling type."""
+        return {**POS_SCALING_ARGS[self.pos_scaling_type.lower()], **(self.pos_scaling_extra_args or {})}
+
+    @property
     def is_glu(self) -> bool:
         return self.nonlinearity in GLU_ACTIVATIONS
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on QKᵀ: 1/sqrt(d) (scaled_dot_product), 1/d with muP's scale_qk_dot_by_d,
+        1 (dot_product), each times attention_logits_alpha; d is the head size."""
+        scale = 1.0
+        if self.attention_type == "scaled_dot_product":
+            scale = 1.0 / self.head_dim if self.scale_qk_dot_by_d else self.head_dim ** -0.5
+        return self.attention_logits_alpha * scale
+
+    @property
+    def logits_scale(self) -> float:
+        """The factor on the output logits (muP), 1.0 without muP."""
+        if self.mup_base_hidden_size:
+            width = self.hidden_size / self.mup_base_hidden_size
+            alpha = self.output_logits_alpha or 1.0
+            return alpha / width if self.scale_output_logits_by_d else alpha / math.sqrt(width)
+        return self.output_logits_scale or 1.0
 
     def widened(self) -> ModelConfig:
         """The config actually built: Sparse-Wide widths applied (identity when s = 0)."""
@@ -110,8 +251,45 @@ class ModelConfig:
         k = 1.0 / math.sqrt(1.0 - self.sparse_wide_sparsity)
         head_dim = 2 * max(1, round(self.head_dim * k / 2))  # rotary needs an even head size
         rotary = None if self.rotary_dim is None else min(head_dim, 2 * round(self.rotary_dim * k / 2))
-        return replace(self, hidden_size=head_dim * self.num_heads, rotary_dim=rotary,
+        hidden, inner = head_dim * self.num_heads, None
+        if self.attention_inner_dim is not None:  # heads narrower than the stream stay so
+            hidden, inner = max(1, round(self.hidden_size * k)), head_dim * self.num_heads
+        return replace(self, hidden_size=hidden, attention_inner_dim=inner, rotary_dim=rotary,
                        filter_size=max(1, round(self.filter_size * k)), sparse_wide_sparsity=0.0)
+
+
+# ModelZoo's lr_adjustment_groups, in its order: parameter globs of each named group.
+LR_ADJUSTMENT_GROUPS = {
+    "embedding": ("*embedding*weight",),
+    "decoder_kernel": ("*decoder*dense*weight", "*decoder*linear*weight"),  # the 1.x muP group
+    "decoder_attention": ("*decoder*attn*dense*weight",),
+    "decoder_input_ffn": ("*decoder*ffn.ffn.[!1]*weight",),
+    "decoder_output_ffn": ("*decoder*ffn.ffn.[1]*weight",),
+}
+
+
+def lr_adjustment_scales(config: ModelConfig, adjust: dict[str, float] | None = None) -> dict[str, float]:
+    """The learning-rate factor of each group: with muP's base sizes 1 / the width multiplier
+    for the attention and FFN input kernels (hidden / mup_base_hidden_size) and the FFN output
+    kernels (filter / mup_base_filter_size); ``adjust`` (``optimizer.adjust_learning_rate``,
+    the 1.x muP files' ``{decoder_kernel: 1/3}``) sets groups by name."""
+    scales = dict.fromkeys(LR_ADJUSTMENT_GROUPS, 1.0)
+    if config.mup_base_hidden_size and config.mup_base_filter_size:
+        scales["decoder_attention"] = scales["decoder_input_ffn"] = config.mup_base_hidden_size / config.hidden_size
+        scales["decoder_output_ffn"] = config.mup_base_filter_size / config.filter_size
+    for group, scale in (adjust or {}).items():
+        if group not in scales:
+            raise ValueError(f"optimizer.adjust_learning_rate.{group} is not one of {list(LR_ADJUSTMENT_GROUPS)}")
+        scales[group] = scale
+    return scales
+
+
+def learning_rate_scale(scales: dict[str, float], name: str) -> float:
+    """The factor of parameter ``name``: its first group (in ModelZoo's order) with a factor."""
+    for group, globs in LR_ADJUSTMENT_GROUPS.items():
+        if scales[group] != 1.0 and any(fnmatch.fnmatchcase(name, glob) for glob in globs):
+            return scales[group]
+    return 1.0
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -120,11 +298,66 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
 
 
-def rope_tables(rotary_dim: int, length: int, theta: float, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of shape (length, rotary_dim // 2) for rotating channel pairs."""
+def rope_frequencies(rotary_dim: int, theta: float, scaling_type: str = "linear", factor: float = 1.0,
+                     scaling_args: dict[str, Any] | None = None, device: Any = None) -> tuple[torch.Tensor, float]:
+    """The inverse frequency of each rotated channel pair, and the factor on cos and sin (YaRN's
+    attention temperature). Linear scaling divides the positions instead (``rope_tables``)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim)
-    angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
-    return angles.cos(), angles.sin()
+    scaling_type = scaling_type.lower()
+    args = {**POS_SCALING_ARGS[scaling_type], **(scaling_args or {})}
+    if scaling_type == "llama3":
+        return _llama3_frequencies(inv_freq, factor, **args), 1.0
+    if scaling_type == "yarn":
+        return _yarn_frequencies(inv_freq, rotary_dim, theta, factor, **args)
+    return inv_freq, 1.0
+
+
+def _llama3_frequencies(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
+                        high_freq_factor: float, original_max_position_embeddings: int) -> torch.Tensor:
+    """Llama-3.1: wavelengths shorter than original / high_freq_factor are kept, longer than
+    original / low_freq_factor are divided by the factor, and those between are blended."""
+    wavelength = 2 * math.pi / inv_freq
+    smooth = (original_max_position_embeddings / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.where(wavelength < original_max_position_embeddings / high_freq_factor, inv_freq,
+                       torch.where(wavelength > original_max_position_embeddings / low_freq_factor,
+                                   inv_freq / factor, blended))
+
+
+def _yarn_frequencies(inv_freq: torch.Tensor, rotary_dim: int, theta: float, factor: float, *,
+                      original_max_position_embeddings: int, beta_fast: float, beta_slow: float,
+                      extrapolation_factor: float, mscale_a: float, mscale_b: float,
+                      truncate: bool) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023, arXiv:2309.00071): pairs that turn more than beta_fast times over
+    the original context keep their frequency, fewer than beta_slow are interpolated (divided by
+    the factor), a linear ramp between; the logits get the temperature a·ln(factor) + b."""
+    def pair_index(rotations: float) -> float:
+        turns = original_max_position_embeddings / (rotations * 2 * math.pi)
+        return rotary_dim * math.log(turns) / (2 * math.log(theta))
+
+    low, high = pair_index(beta_fast), pair_index(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001
+    pairs = torch.arange(rotary_dim // 2, dtype=torch.float32, device=inv_freq.device)
+    ramp = ((pairs - low) / (high - low)).clamp(0, 1)
+    kept = (1 - ramp) * extrapolation_factor
+    mscale = mscale_a * math.log(factor) + mscale_b if factor > 1 else 1.0
+    return inv_freq / factor * (1 - kept) + inv_freq * kept, mscale
+
+
+def rope_tables(rotary_dim: int, length: int, theta: float, device: Any = None, *, scaling_type: str = "linear",
+                factor: float = 1.0, scaling_args: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (length, rotary_dim // 2) for rotating channel pairs; linear
+    scaling (position interpolation, Chen et al. 2023) divides the positions by ``factor``."""
+    inv_freq, mscale = rope_frequencies(rotary_dim, theta, scaling_type, factor, scaling_args, device)
+    positions = torch.arange(length, dtype=torch.float32, device=device)
+    if scaling_type.lower() == "linear":
+        positions = positions / factor
+    angles = torch.outer(positions, inv_freq)
+    return angles.cos() * mscale, angles.sin() * mscale
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -138,31 +371,83 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((rotated, rest), dim=-1) if rest.shape[-1] else rotated
 
 
+def alibi_slopes(num_heads: int) -> list[float]:
+    """Press et al. 2022: for 2^k heads the geometric sequence 2^(-8/n), 2^(-16/n), ...; for
+    other counts that sequence for the largest power of two below, then every other slope of
+    the sequence for twice that power."""
+    def geometric(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    power = 2 ** math.floor(math.log2(num_heads))
+    return geometric(power) + geometric(2 * power)[0::2][:num_heads - power]
+
+
+class AlibiPositions(nn.Module):
+    """ModelZoo's ALiBi ``position_embed_helper``: adds ``-slope_h · |i - j| / pos_scaling_factor``
+    to the attention logits of query i and key j in head h. Fixed slopes are a buffer (not a
+    parameter); trainable ones start from ModelZoo's xavier_uniform draw."""
+
+    def __init__(self, num_heads: int, trainable: bool, scaling_factor: float) -> None:
+        super().__init__()
+        if trainable:
+            self.slopes = nn.Parameter(torch.empty(num_heads, 1))
+        else:
+            self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)).unsqueeze(-1), persistent=False)
+        self.scaling_factor = scaling_factor
+
+    def forward(self, length: int, device: Any) -> torch.Tensor:
+        positions = torch.arange(length, dtype=torch.float32, device=device)
+        distance = (positions[:, None] - positions[None, :]).abs()
+        return -(self.slopes[:, :, None] / self.scaling_factor) * distance  # (heads, T, T)
+
+
+def visible_keys(length: int, window: int | None, sink_tokens: int | None, device: Any = None) -> torch.Tensor:
+    """(T, T) bool, True where query i sees key j: j <= i and, with a sliding window, i - j <
+    window (itself and window - 1 before it) or j among the first sink_tokens."""
+    positions = torch.arange(length, device=device)
+    query, key = positions[:, None], positions[None, :]
+    visible = key <= query
+    if window is not None:
+        visible &= (query - key < window) | (key < (sink_tokens or 0))
+    return visible
+
+
 class MultiheadAttention(nn.Module):
+    """ModelZoo's attention (aiayn_attention) and, with fewer key/value heads,
+    multiquery_attention: k and v project to num_kv_groups heads, each shared by
+    num_heads / num_kv_groups consecutive query heads."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         width, bias = config.hidden_size, config.use_projection_bias_in_attention
-        self.num_heads = config.num_heads
-        self.proj_q_dense_layer = nn.Linear(width, width, bias=bias)
-        self.proj_k_dense_layer = nn.Linear(width, width, bias=bias)
-        self.proj_v_dense_layer = nn.Linear(width, width, bias=bias)
-        self.proj_output_dense_layer = nn.Linear(width, width, bias=config.use_ffn_bias_in_attention)
+        self.num_heads, self.kv_heads, self.head_dim = config.num_heads, config.kv_heads, config.head_dim
+        self.proj_q_dense_layer = nn.Linear(width, config.inner_dim, bias=bias)
+        self.proj_k_dense_layer = nn.Linear(width, self.kv_heads * self.head_dim, bias=bias)
+        self.proj_v_dense_layer = nn.Linear(width, self.kv_heads * self.head_dim, bias=bias)
+        self.proj_output_dense_layer = nn.Linear(config.inner_dim, width, bias=config.use_ffn_bias_in_attention)
         self.dropout = config.attention_dropout_rate
-        # dot_product: QKᵀ unscaled (SDPA's scale argument); scaled_dot_product: QKᵀ / sqrt(d).
-        self.scale = 1.0 if config.attention_type == "dot_product" else None
+        self.scale = config.attention_scale
+        # Read by simulator.layers_from_model to cost the attention scores.
+        self.window, self.sink_tokens = config.attention_sliding_window_length, config.attention_sink_tokens
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        batch, seq, width = x.shape
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """``mask``: None (causal), bool (T, T) visible keys, or a float additive bias (H, T, T)."""
+        def heads(t: torch.Tensor, count: int) -> torch.Tensor:
+            return t.unflatten(-1, (count, self.head_dim)).transpose(1, 2)
 
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, seq, self.num_heads, width // self.num_heads).transpose(1, 2)
-
-        q, k = heads(self.proj_q_dense_layer(x)), heads(self.proj_k_dense_layer(x))
+        q = heads(self.proj_q_dense_layer(x), self.num_heads)
+        k = heads(self.proj_k_dense_layer(x), self.kv_heads)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y = F.scaled_dot_product_attention(q, k, heads(self.proj_v_dense_layer(x)), is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0, scale=self.scale)
-        return self.proj_output_dense_layer(y.transpose(1, 2).reshape(batch, seq, width))
+        if mask is not None and mask.is_floating_point():
+            mask = mask.to(q.dtype)  # under autocast
+        y = F.scaled_dot_product_attention(
+            q, k, heads(self.proj_v_dense_layer(x), self.kv_heads), attn_mask=mask, is_causal=mask is None,
+            dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
+            enable_gqa=self.kv_heads != self.num_heads)
+        return self.proj_output_dense_layer(y.transpose(1, 2).flatten(2))
 
 
 class FeedForwardLayer(nn.Module):
@@ -205,8 +490,9 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForwardNetwork(config)
         self.dropout = nn.Dropout(config.dropout_rate)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        x = x + self.dropout(self.self_attn(self.norm1(x), rope))
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.dropout(self.self_attn(self.norm1(x), rope, mask))
         return x + self.dropout(self.ffn(self.norm3(x)))
 
 
@@ -223,6 +509,9 @@ class EmbeddingLayer(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         if config.position_embedding_type == "learned":
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        elif config.position_embedding_type == "alibi":
+            self.position_embed_helper = AlibiPositions(config.num_heads, config.alibi_trainable_slopes,
+                                                        config.pos_scaling_factor)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.word_embeddings(tokens)
@@ -234,14 +523,47 @@ class EmbeddingLayer(nn.Module):
 INIT_FUNCTIONS = {"normal": nn.init.normal_, "truncated_normal": nn.init.trunc_normal_,
                   "uniform": nn.init.uniform_, "xavier_uniform": nn.init.xavier_uniform_,
                   "xavier_normal": nn.init.xavier_normal_, "zeros": nn.init.zeros_, "ones": nn.init.ones_}
+Initializer = dict[str, Any]
 
 
-def _initialize(param: torch.Tensor, spec: dict[str, Any] | None, std: float) -> None:
-    """A ModelZoo initializer dict ({name: truncated_normal, mean, std, a, b}, ...); None is
-    ModelZoo's default, a truncated normal of ``std`` cut at two standard deviations."""
-    spec = spec or {"name": "truncated_normal", "std": std, "a": -2 * std, "b": 2 * std}
-    args = {k: v for k, v in spec.items() if k != "name"}
-    INIT_FUNCTIONS[spec["name"]](param, **args)
+def default_initializer(std: float) -> Initializer:
+    """ModelZoo's default: a truncated normal of ``std`` cut at two standard deviations."""
+    return {"name": "truncated_normal", "mean": 0.0, "std": std, "a": -2 * std, "b": 2 * std}
+
+
+def scaled_initializer(spec: Initializer, factor: float) -> Initializer:
+    """``spec`` with its spread times ``factor`` (muP and depth scaling); like ModelZoo, only
+    normal and truncated normal initializers are scaled."""
+    if spec["name"] == "normal":
+        return {**spec, "std": spec.get("std", 1.0) * factor}
+    if spec["name"] == "truncated_normal":
+        return {**spec, **{k: spec[k] * factor for k in ("std", "a", "b") if k in spec}}
+    return spec
+
+
+def initializers(c: ModelConfig) -> dict[str, Initializer]:
+    """The initializer of each role (embedding, block input projections, attention output,
+    FFN output), as ModelZoo chooses them: residual-stream outputs default to std / sqrt(2L),
+    and muP scales the block initializers by the width multipliers (hidden / base)^-1/2, the
+    outputs also by (2L)^-1/2."""
+    default = default_initializer(c.initializer_range)
+    depth = (2 * c.num_hidden_layers) ** -0.5
+    block = c.initializer or default
+    output = c.output_layer_initializer or (block if c.initializer else scaled_initializer(default, depth))
+    ffn_output = output
+    if c.mup_base_hidden_size:
+        width = (c.hidden_size / c.mup_base_hidden_size) ** -0.5
+        block = scaled_initializer(block, width)
+        output = scaled_initializer(c.output_layer_initializer or default, width * depth)
+        ffn_output = output
+    if c.mup_base_filter_size:
+        ffn_output = scaled_initializer(default, (c.filter_size / c.mup_base_filter_size) ** -0.5 * depth)
+    return {"embedding": c.embedding_initializer or default, "block": block, "output": output,
+            "ffn_output": ffn_output}
+
+
+def _initialize(param: torch.Tensor, spec: Initializer) -> None:
+    INIT_FUNCTIONS[spec["name"]](param, **{k: v for k, v in spec.items() if k != "name"})
 
 
 class Transformer(nn.Module):
@@ -251,6 +573,8 @@ class Transformer(nn.Module):
         built = config.widened()
         self.built = built
         self.embedding_layer = EmbeddingLayer(built)
+        if built.embedding_layer_norm:
+            self.embedding_ln_f = make_norm(built)
         self.drop_embd = nn.Dropout(built.dropout_rate if built.embedding_dropout_rate is None
                                     else built.embedding_dropout_rate)
         self.transformer_decoder = TransformerDecoder(built)
@@ -260,37 +584,62 @@ class Transformer(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
-        c = self.built
-        # As ModelZoo: projections writing into the residual stream default to std / sqrt(2L).
-        output_std = c.initializer_range / math.sqrt(2 * c.num_hidden_layers)
+        specs = initializers(self.built)
+        norms = {f"{module_name}.{name}" for module_name, module in self.named_modules()
+                 if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) for name, _ in module.named_parameters()}
         for name, param in self.named_parameters():
-            if name.endswith(".bias"):
+            if name in norms:
+                nn.init.ones_(param) if name.endswith(".weight") else nn.init.zeros_(param)
+            elif name.endswith(".bias"):
                 nn.init.zeros_(param)
-            elif "norm" in name:
-                nn.init.ones_(param)
+            elif name.endswith("position_embed_helper.slopes"):
+                nn.init.xavier_uniform_(param)  # ModelZoo's slopes_initializer
             elif name.startswith("embedding_layer"):
-                _initialize(param, c.embedding_initializer, c.initializer_range)
-            elif name.endswith(("proj_output_dense_layer.weight", "ffn.1.linear_layer.weight")):
-                _initialize(param, c.output_layer_initializer or c.initializer, output_std)
+                _initialize(param, specs["embedding"])
+            elif name.endswith("proj_output_dense_layer.weight"):
+                _initialize(param, specs["output"])
+            elif name.endswith("ffn.1.linear_layer.weight"):
+                _initialize(param, specs["ffn_output"])
             else:
-                _initialize(param, c.initializer, c.initializer_range)
+                _initialize(param, specs["block"])
 
     def rope(self, length: int, device: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         c = self.built
-        return rope_tables(c.rotary_size, length, c.rope_theta, device) if c.position_embedding_type == "rotary" else None
+        if c.position_embedding_type != "rotary":
+            return None
+        return rope_tables(c.rotary_size, length, c.rope_theta, device, scaling_type=c.pos_scaling_type,
+                           factor=c.pos_scaling_factor, scaling_args=c.scaling_args)
+
+    def attention_mask(self, length: int, device: Any) -> torch.Tensor | None:
+        """None for plain causal attention (SDPA's fused causal path); else the visible keys
+        (sliding window), or with ALiBi its bias with -inf where a key is not visible."""
+        c = self.built
+        window = c.attention_sliding_window_length
+        if c.position_embedding_type != "alibi":
+            return None if window is None else visible_keys(length, window, c.attention_sink_tokens, device)
+        bias = self.embedding_layer.position_embed_helper(length, device)
+        return bias.masked_fill(~visible_keys(length, window, c.attention_sink_tokens, device), float("-inf"))
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, vocab) and, when targets are given, the mean cross-entropy over the
         targets that are not -100 (padding in ModelZoo HDF5 data)."""
-        if tokens.shape[1] > self.built.max_position_embeddings:
+        c = self.built
+        if tokens.shape[1] > c.max_position_embeddings:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds model.max_position_embeddings "
-                             f"{self.built.max_position_embeddings}")
-        x = self.drop_embd(self.embedding_layer(tokens))
-        rope = self.rope(tokens.shape[1], tokens.device)
+                             f"{c.max_position_embeddings}")
+        x = self.embedding_layer(tokens)
+        if c.embedding_layer_norm:
+            x = self.embedding_ln_f(x)
+        if c.embeddings_scale != 1.0:
+            x = x * c.embeddings_scale
+        x = self.drop_embd(x)
+        rope, mask = self.rope(tokens.shape[1], tokens.device), self.attention_mask(tokens.shape[1], tokens.device)
         for layer in self.transformer_decoder.layers:
-            x = layer(x, rope)
+            x = layer(x, rope, mask)
         logits = self.lm_head(self.transformer_decoder.norm(x))
+        if c.logits_scale != 1.0:
+            logits = logits * c.logits_scale
         if targets is None:
             return logits, None
         return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
@@ -301,8 +650,8 @@ class Transformer(nn.Module):
 
 
 def preset_config(name: str, **overrides: Any) -> ModelConfig:
-    """A ``model.preset`` (workers.spec.PRESETS) as a config, with keys replaced."""
-    from workers.spec import PRESETS
+    """A ``model.preset`` (csx_config.PRESETS) as a config, with keys replaced."""
+    from csx_config import PRESETS
 
     if name not in PRESETS:
         raise ValueError(f"model.preset {name!r} is unknown; choose one of {sorted(PRESETS)}")

@@ -2,11 +2,15 @@
 
 ``validate_plan`` builds the model on the meta device (shapes only, so a 7B model validates in
 seconds without allocating its weights), applies ``sparsity.configure(spec.sparsity)`` and
-reports: the hardware-only keys not applied here; per sparsity group the parameters it matched;
-per layer the shape, target sparsity at step 0 and non-zeros; dense and sparse FLOPs per token;
-the projected CS-2 step time, speed-up vs dense and scaling efficiency on ``num_csx`` systems
-(``simulator.cost_model``); and the memory training would take on this machine, which
-``check_fits`` turns into a refusal before any worker starts.
+reports: the model and its parameter count; the hardware-only keys not applied here; per
+sparsity group the parameters it matched; per layer the shape, target sparsity and non-zeros;
+dense and sparse FLOPs per token; the projected CS-2 step time, speed-up vs dense and scaling
+efficiency on ``num_csx`` systems (``simulator.cost_model``); and the memory training would take
+on this machine, which ``check_fits`` turns into a refusal before any worker starts.
+
+Sparsity, FLOPs and projection are at the level the run ends with: a schedule (GMP, cubic,
+GraNet) reaches it at its last update step up to ``max_steps``; ``schedule`` gives the start
+(step 0, or a resumed algorithm's step) and that end, each with its projected speed-up.
 """
 
 from __future__ import annotations
@@ -20,12 +24,20 @@ from torch import nn
 from workers import memory
 from workers.job import build_sparse_model, check_data, model_config, optimizer_class, planned_shapes
 from workers.model import ModelConfig
-from workers.spec import JobSpec
+from csx_config import JobSpec
+
+
+def _attention_context(config: ModelConfig, seq_len: int) -> int:
+    """Keys each query scores: the sequence, or the sliding window and its sink tokens."""
+    from simulator.cost_model import attended_keys
+
+    return attended_keys(seq_len, config.attention_sliding_window_length, config.attention_sink_tokens)
 
 
 def _attention_flops_per_token(config: ModelConfig, seq_len: int) -> int:
-    """QKᵀ and AV, forward, counting the full (unmasked) T×T score matrix, as in Kaplan et al."""
-    return 2 * 2 * config.num_hidden_layers * seq_len * config.hidden_size
+    """QKᵀ and AV, forward, counting the full (unmasked) T×T score matrix, as in Kaplan et al.
+    (a sliding window bounds T), over all query heads (inner_dim)."""
+    return 2 * 2 * config.num_hidden_layers * _attention_context(config, seq_len) * config.inner_dim
 
 
 def _groups(alg: Any) -> list[dict[str, Any]]:
@@ -49,6 +61,18 @@ def _targets(alg: Any) -> dict[str, float]:
     return targets
 
 
+def _final_targets(alg: Any, max_steps: int) -> tuple[int, dict[str, float]]:
+    """The sparsity each parameter has when the run ends (a GMP or cubic schedule has risen to
+    its target by then): its group's target at the group's last update step up to max_steps,
+    or at the current step for a group that never updates. Also the latest such step."""
+    last, targets = 0, {}
+    for member in getattr(alg, "members", [alg]):
+        step = next((t for t in range(max_steps, member.step, -1) if member.is_update_step(t)), member.step)
+        last = max(last, step)
+        targets.update(member.layer_targets(step))
+    return last, targets
+
+
 def _projection(model: nn.Module, densities: dict[str, float], seq_len: int, tokens: int,
                 num_csx: int) -> dict[str, float]:
     """The cost model's step for the model's linear layers at the planned densities (the
@@ -61,8 +85,9 @@ def _projection(model: nn.Module, densities: dict[str, float], seq_len: int, tok
             layers.append(LayerShape(f"{name}.weight", module.out_features, module.in_features,
                                      density=densities.get(f"{name}.weight", 1.0)))
         elif "attention" in type(module).__name__.lower():
-            width = module.proj_q_dense_layer.in_features
-            layers.append(LayerShape(f"{name}.scores", 2 * seq_len, width, streams_weights=False))
+            context = _attention_context(model.built, seq_len)
+            width = module.proj_q_dense_layer.out_features  # all query heads
+            layers.append(LayerShape(f"{name}.scores", 2 * context, width, streams_weights=False))
     step = project_step(layers, tokens, WaferScaleCluster(num_csx=num_csx))
     return {"sim_step_ms": step.step_ms, "dense_step_ms": step.dense_step_ms,
             "speedup_vs_dense": step.speedup_vs_dense, "scaling_efficiency": step.scaling_efficiency}
@@ -100,8 +125,47 @@ def validate_plan(spec: JobSpec, num_csx: int) -> dict[str, Any]:
     vocab, seq_len = planned_shapes(spec)
     config = model_config(spec, vocab, seq_len)
     model, alg = build_sparse_model(spec, config, device="meta")
+    built, tokens = model.built, batch * seq_len
+    start_targets = _targets(alg) if alg is not None else {}
+    final_step, targets = _final_targets(alg, spec.runconfig.max_steps) if alg is not None else (0, {})
+    start, start_layers = _at_targets(model, start_targets, seq_len, tokens, num_csx)
+    final, layers = _at_targets(model, targets, seq_len, tokens, num_csx)
+    for layer, before in zip(layers, start_layers):
+        layer["start_sparsity"] = before["sparsity"]
+    parameters = model.num_parameters()
+    memory = training_memory(spec, config, parameters, sum(layer["numel"] for layer in layers
+                                                           if layer["sparse"]), seq_len, num_csx)
+    return {
+        "num_csx": num_csx, "global_batch": batch, "batch_per_csx": batch // num_csx,
+        "seq_len": seq_len, "tokens_per_step": tokens,
+        "not_applied": spec.not_applied(),
+        "model": {**asdict(built), "parameters": parameters, "kv_heads": built.kv_heads,
+                  "sparse_wide_sparsity": config.sparse_wide_sparsity},
+        "algorithm": repr(alg) if alg is not None else None,
+        "groups": _groups(alg) if alg is not None else [],
+        "layers": layers,
+        "dense_parameters": [name for name, _ in model.named_parameters() if name not in targets],
+        # At the level the run ends with; "schedule" has the start too.
+        "flops_per_token": final["flops_per_token"],
+        "projection": final["projection"],
+        "schedule": {"start": {"step": _start_step(alg), **_summary(start)},
+                     "final": {"step": final_step, **_summary(final)}},
+        "memory": {"per_worker": memory, "per_worker_total": sum(memory.values()),
+                   "workers": num_csx, "total": num_csx * sum(memory.values()),
+                   "available": available_memory()},
+    }
+
+
+def _start_step(alg: Any) -> int:
+    if alg is None:
+        return 0
+    return max(member.step for member in getattr(alg, "members", [alg]))
+
+
+def _at_targets(model: nn.Module, targets: dict[str, float], seq_len: int, tokens: int,
+                num_csx: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """FLOPs and the projected step at these per-parameter sparsities, and the layer rows."""
     built = model.built
-    targets = _targets(alg) if alg is not None else {}
     layers, dense_linear, sparse_linear = [], 0, 0
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
@@ -115,28 +179,20 @@ def validate_plan(spec: JobSpec, num_csx: int) -> dict[str, Any]:
                        "sparsity": 1.0 - nnz / weight.numel(), "nnz": nnz, "numel": weight.numel()})
     attention = _attention_flops_per_token(built, seq_len)
     dense_forward, sparse_forward = 2 * dense_linear + attention, 2 * sparse_linear + attention
-    tokens = batch * seq_len
     densities = {name: 1.0 - level for name, level in targets.items()}
-    parameters = model.num_parameters()
-    memory = training_memory(spec, config, parameters, sum(layer["numel"] for layer in layers
-                                                           if layer["sparse"]), seq_len, num_csx)
+    sparse = [layer for layer in layers if layer["sparse"]]
     return {
-        "num_csx": num_csx, "global_batch": batch, "batch_per_csx": batch // num_csx,
-        "seq_len": seq_len, "tokens_per_step": tokens,
-        "not_applied": spec.not_applied(),
-        "model": {**asdict(built), "parameters": parameters,
-                  "sparse_wide_sparsity": config.sparse_wide_sparsity},
-        "algorithm": repr(alg) if alg is not None else None,
-        "groups": _groups(alg) if alg is not None else [],
-        "layers": layers,
-        "dense_parameters": [name for name, _ in model.named_parameters() if name not in targets],
+        "sparsity": 1.0 - sum(layer["nnz"] for layer in sparse) / max(1, sum(layer["numel"] for layer in sparse)),
         "flops_per_token": {"dense_forward": dense_forward, "sparse_forward": sparse_forward,
                             "dense_train": 3 * dense_forward, "sparse_train": 3 * sparse_forward},
         "projection": _projection(model, densities, seq_len, tokens, num_csx),
-        "memory": {"per_worker": memory, "per_worker_total": sum(memory.values()),
-                   "workers": num_csx, "total": num_csx * sum(memory.values()),
-                   "available": available_memory()},
-    }
+    }, layers
+
+
+def _summary(level: dict[str, Any]) -> dict[str, float]:
+    return {"sparsity": level["sparsity"], "sparse_train_flops": level["flops_per_token"]["sparse_train"],
+            "speedup_vs_dense": level["projection"]["speedup_vs_dense"],
+            "sim_step_ms": level["projection"]["sim_step_ms"]}
 
 
 def check_fits(plan: dict[str, Any], spec: JobSpec) -> None:
@@ -153,6 +209,23 @@ def check_fits(plan: dict[str, Any], spec: JobSpec) -> None:
     check_data(spec)
 
 
+def _model_line(model: dict[str, Any]) -> str:
+    heads = f"{model['num_heads']} heads"
+    if model["kv_heads"] != model["num_heads"]:
+        heads += f" ({model['kv_heads']} key/value)"
+    positions = model["position_embedding_type"]
+    if positions != "learned" and (model["pos_scaling_factor"] != 1.0 or model["pos_scaling_type"].lower() != "linear"):
+        positions += f" ({model['pos_scaling_type'].lower()} scaling x{model['pos_scaling_factor']:g})"
+    window = model["attention_sliding_window_length"]
+    extras = [f"sliding window {window}"] if window else []
+    extras += ["muP"] if model["mup_base_hidden_size"] or model["output_logits_scale"] else []
+    extras += [f"Sparse-Wide s={model['sparse_wide_sparsity']}"] if model["sparse_wide_sparsity"] else []
+    return (f"model: {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, filter "
+            f"{model['filter_size']}, {heads}, vocab {model['vocab_size']}, {positions} positions, "
+            f"{model['norm_type']}, {model['nonlinearity']}, {model['parameters']:,} parameters"
+            + (f" ({', '.join(extras)})" if extras else ""))
+
+
 def _gib(value: int) -> str:
     return f"{value / 2**30:.2f} GiB"
 
@@ -162,11 +235,7 @@ def plan_table(plan: dict[str, Any], *, debug: bool = False) -> str:
     every parameter left dense."""
     model = plan["model"]
     lines = [
-        f"model: {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, filter "
-        f"{model['filter_size']}, {model['num_heads']} heads, vocab {model['vocab_size']}, "
-        f"{model['position_embedding_type']} positions, {model['norm_type']}, {model['nonlinearity']}, "
-        f"{model['parameters']:,} parameters"
-        + (f" (Sparse-Wide s={model['sparse_wide_sparsity']})" if model["sparse_wide_sparsity"] else ""),
+        _model_line(model),
         f"batch: {plan['global_batch']} global = {plan['num_csx']} CS-2 x {plan['batch_per_csx']}, "
         f"seq_len {plan['seq_len']}, {plan['tokens_per_step']:,} tokens/step",
         f"sparsity: {plan['algorithm'] or 'none (dense)'}",
@@ -179,11 +248,20 @@ def plan_table(plan: dict[str, Any], *, debug: bool = False) -> str:
             lines.extend(f"    matched {name}" for name in group["parameters"])
     if debug:
         lines.extend(f"  dense   {name}" for name in plan["dense_parameters"])
+    start, final = plan["schedule"]["start"], plan["schedule"]["final"]
+    scheduled = any(layer["start_sparsity"] != layer["sparsity"] for layer in plan["layers"])
+    if scheduled:
+        lines.append(f"sparsity schedule: step {start['step']}: {start['sparsity']:.3f} (projected "
+                     f"{start['speedup_vs_dense']:.2f}x) -> step {final['step']}: {final['sparsity']:.3f} "
+                     f"(projected {final['speedup_vs_dense']:.2f}x); the table and totals below are at "
+                     f"step {final['step']}")
     width = max(len(layer["name"]) for layer in plan["layers"])
-    lines.append(f"{'layer':<{width}}  {'shape':>12}  {'sparsity':>8}  {'nnz':>13}")
+    first = f"  {'step ' + str(start['step']):>10}" if scheduled else ""
+    lines.append(f"{'layer':<{width}}  {'shape':>12}{first}  {'sparsity':>8}  {'nnz':>13}")
     for layer in plan["layers"]:
         shape = "x".join(map(str, layer["shape"]))
-        lines.append(f"{layer['name']:<{width}}  {shape:>12}  {layer['sparsity']:>8.3f}  {layer['nnz']:>13,}")
+        first = f"  {layer['start_sparsity']:>10.3f}" if scheduled else ""
+        lines.append(f"{layer['name']:<{width}}  {shape:>12}{first}  {layer['sparsity']:>8.3f}  {layer['nnz']:>13,}")
     flops, proj, memory = plan["flops_per_token"], plan["projection"], plan["memory"]
     lines += [
         f"sparsified weights: {sum(layer['sparse'] for layer in plan['layers'])} of {len(plan['layers'])} matmuls",

@@ -25,7 +25,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from workers.progress import ProgressRelay
-from workers.spec import JobSpec
+from csx_config import JobSpec
 from workers.tracking import end_run, open_run, resolve_tracking_uri
 from workers.replica import CsxWorker
 from workers.train import MaskDivergence
@@ -252,7 +252,7 @@ def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: st
     `run_name` and `tags` name and tag a newly created run (see `open_run`).
     """
     if not isinstance(spec, JobSpec):
-        raise TypeError(f"spec must be a workers.spec.JobSpec, got {type(spec).__name__}")
+        raise TypeError(f"spec must be a csx_config.JobSpec, got {type(spec).__name__}")
     if not isinstance(num_csx, int) or isinstance(num_csx, bool) or not 1 <= num_csx <= 192:
         raise ValueError(f"num_csx must be an integer in [1, 192], got {num_csx!r}")
     if mode not in MODES:

@@ -30,7 +30,7 @@ from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
 from workers.job import model_config, planned_shapes
 from workers.plots import HeatmapWriter, write_curves_png, write_density_histogram_png
-from workers.spec import JobSpec
+from csx_config import JobSpec
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100

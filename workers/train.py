@@ -35,7 +35,7 @@ from workers.data import BatchSampler
 from workers.hdf5 import HDF5BatchSampler
 from workers.job import build_sparse_model, load_data, lr_lambda, make_optimizer, model_config
 from workers.perf import PerfProjector
-from workers.spec import JobSpec
+from csx_config import JobSpec
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")
 AllReduce = Callable[[list[torch.Tensor]], None]
@@ -72,7 +72,7 @@ def _build(spec: JobSpec, model_dir: Path, rank: int, world_size: int) -> Run:
     data = load_data(spec, model_dir, rank=rank, world_size=world_size, save_tokenizer_file=rank == 0)
     config = model_config(spec, data.vocab_size, data.sampler.seq_len)
     model, alg = build_sparse_model(spec, config)
-    optimizer = make_optimizer(spec.optimizer, model)
+    optimizer = make_optimizer(spec.optimizer, model, spec.optimizer.adjust_learning_rate)
     if alg is not None:
         alg.apply(optimizer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec.optimizer))

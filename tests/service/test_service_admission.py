@@ -123,7 +123,7 @@ def test_the_limit_is_per_worker_so_more_systems_admit_a_bigger_batch(
     body = job_body(model={"preset": "small"}, train_input={"batch_size": 64,
                                                              "max_sequence_length": 256})
     from workers.memory import estimate
-    from workers.spec import JobSpec
+    from csx_config import JobSpec
 
     one = sum(estimate(JobSpec.model_validate(body["params"]), 1).values())
     four = sum(estimate(JobSpec.model_validate(body["params"]), 4).values())
@@ -180,7 +180,7 @@ def test_the_admission_estimate_is_the_plans_memory(heads, head_dim, layers, fil
     """Arithmetic on the spec equals what the plan counts on the model it builds (meta)."""
     from workers.memory import estimate
     from workers.plan import validate_plan
-    from workers.spec import JobSpec
+    from csx_config import JobSpec
 
     model = {"hidden_size": heads * head_dim, "num_heads": heads, "num_hidden_layers": layers,
              "filter_size": filter_size, "vocab_size": vocab, "nonlinearity": nonlinearity,

@@ -117,6 +117,24 @@ def test_layers_from_model_reads_live_masks():
     assert project_step(after_layers, 4096, WaferScaleCluster(1)).step_ms > before
 
 
+def test_attention_scores_cost_the_heads_width_and_the_keys_attended():
+    class Attention(nn.Module):
+        def __init__(self, window=None, sink_tokens=None):
+            super().__init__()
+            self.num_heads, self.head_dim = 4, 6  # 24 wide, on a 32-wide stream
+            self.window, self.sink_tokens = window, sink_tokens
+            self.proj_q = nn.Linear(32, 24)
+
+    def scores(module: nn.Module) -> tuple[int, int]:
+        layer = layers_from_model(module, seq_tokens=100)[0]
+        return layer.out_features, layer.in_features
+
+    assert scores(Attention()) == (2 * 100, 24)
+    assert scores(Attention(window=16)) == (2 * 16, 24)
+    assert scores(Attention(window=16, sink_tokens=4)) == (2 * 20, 24)
+    assert scores(Attention(window=128, sink_tokens=4)) == (2 * 100, 24)  # never more than the sequence
+
+
 def test_bad_values_are_rejected_by_name():
     with pytest.raises(ValueError, match="num_csx"):
         WaferScaleCluster(193)

@@ -26,7 +26,7 @@ RAY = str(Path(sys.executable).with_name("ray"))
 DRIVER = """
 import json, sys
 from workers.runner import run_job
-from workers.spec import JobSpec
+from csx_config import JobSpec
 spec = JobSpec.from_yaml(sys.argv[2])
 summary = run_job(spec, num_csx=2, model_dir=sys.argv[1], tracking=False)
 print("SUMMARY " + json.dumps({k: summary[k] for k in ("steps", "mask_hashes", "num_csx")}))

@@ -17,7 +17,7 @@ import torch
 
 from workers.replica import CsxWorker
 from workers.runner import JobCancelled, JobFailed, MaskDivergence, run_job, start_job
-from workers.spec import JobSpec
+from csx_config import JobSpec
 
 # The stand-in loop below runs inside Ray actors, which cannot import this test module.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

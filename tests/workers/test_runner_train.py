@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from workers.runner import run_job, start_job
-from workers.spec import JobSpec
+from csx_config import JobSpec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

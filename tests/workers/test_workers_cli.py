@@ -11,7 +11,7 @@ from workers.checkpoint import load_checkpoint
 from workers.job import model_config
 from workers.model import build_model
 from workers.plan import validate_plan
-from workers.spec import JobSpec
+from csx_config import JobSpec
 
 torch.set_num_threads(1)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

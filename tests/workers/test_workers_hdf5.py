@@ -12,7 +12,7 @@ from workers import cli
 from workers.data import strip_gutenberg
 from workers.hdf5 import HDF5BatchSampler, HDF5EvalBatches, HDF5Samples
 from workers.job import check_data, load_data
-from workers.spec import JobSpec
+from csx_config import JobSpec
 from workers_helpers import preprocess_texts
 
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(40))

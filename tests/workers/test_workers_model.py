@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from workers.model import ModelConfig, apply_rope, build_model, preset_config, rope_tables
-from workers.spec import PRESETS, PresetName
+from csx_config import PRESETS, PresetName
 
 torch.set_num_threads(1)
 TINY = preset_config("tiny")

@@ -14,7 +14,7 @@ import yaml
 
 from workers import cli
 from workers.plan import validate_plan
-from workers.spec import JobSpec
+from csx_config import JobSpec
 
 MODELZOO = Path(__file__).resolve().parents[2] / "examples" / "modelzoo"
 FILES = sorted(p.name for p in MODELZOO.glob("*.yaml"))
@@ -67,7 +67,11 @@ def test_plan_numbers_follow_the_file():
     assert q["shape"] == [4096, 4096] and q["nnz"] == 4096 * 4096 - round(0.8 * 4096 * 4096)
     assert plan["batch_per_csx"] == 64
     granet = validate_plan(JobSpec.from_yaml((MODELZOO / "params_gpt3_xl_granet_cubic.yaml").read_text()), num_csx=1)
-    assert {layer["sparsity"] for layer in granet["layers"] if layer["sparse"]} == {0.5}  # cubic starts at 50%
+    sparse = [layer for layer in granet["layers"] if layer["sparse"]]
+    assert {layer["start_sparsity"] for layer in sparse} == {0.5}  # cubic starts at 50%
+    # ... and its last update (stop 18000 is exclusive: step 17000) is 1/18 of the ramp from 80%
+    assert granet["schedule"]["final"]["step"] == 17_000
+    assert all(layer["sparsity"] == pytest.approx(0.8 - 0.3 / 18**3, abs=1e-6) for layer in sparse)
 
 
 def test_7b_validates_under_1_gb_of_memory():

@@ -8,8 +8,8 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from workers.schedulers import SchedulerSpec, learning_rate_at
-from workers.spec import JobSpec, with_overrides
+from csx_config.schedulers import SchedulerSpec, learning_rate_at
+from csx_config import JobSpec, with_overrides
 
 
 def _error_locations(text):
@@ -44,7 +44,7 @@ runconfig: {max_steps: 50, num_csx: 4, eval_frequency: 10, save_checkpoint_steps
     ("model: {preset: huge}", "model.preset"),
     ("model: {nonlinearity: swishy}", "model.nonlinearity"),
     ("model: {norm_type: batchnorm}", "model.norm_type"),
-    ("model: {position_embedding_type: alibi}", "model.position_embedding_type"),
+    ("model: {position_embedding_type: relative}", "model.position_embedding_type"),
     ("model: {sparse_wide_sparsity: 1.0}", "model.sparse_wide_sparsity"),
     ("optimizer: {weight_decay: .nan}", "optimizer.weight_decay"),
     ("optimizer: {max_gradient_norm: -1}", "optimizer.max_gradient_norm"),
@@ -150,7 +150,7 @@ def test_yaml_errors_are_value_errors():
 
 
 def test_importing_the_spec_does_not_load_torch():
-    code = "import sys, workers.spec; print('torch' in sys.modules)"
+    code = "import sys, csx_config; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from workers.checkpoint import list_checkpoints, load_checkpoint
-from workers.spec import JobSpec
+from csx_config import JobSpec
 from workers.train import train
 
 torch.set_num_threads(1)  # the fresh process below uses one thread too: same float reductions
@@ -101,7 +101,7 @@ def test_resume_in_fresh_process_is_bit_identical(reference, tmp_path):
     code = textwrap.dedent(f"""
         import json, sys, torch
         torch.set_num_threads(1)
-        from workers.spec import JobSpec
+        from csx_config import JobSpec
         from workers.train import train
         summary = train(JobSpec.from_yaml(sys.stdin.read()), model_dir={str(resumed_dir)!r}, mode="train")
         print(json.dumps({{"losses": summary["train_losses"], "hashes": summary["mask_hashes"]}}))
@@ -194,7 +194,7 @@ def test_optimizer_uses_the_fused_cpu_kernel_unless_the_class_has_none():
     """Fused Adam(W) is what bench/masked_overhead.py measures at <= 1.05x of dense; the
     default foreach path is slow on the exact zeros of a masked second moment."""
     from workers.job import make_optimizer
-    from workers.spec import OptimizerSpec
+    from csx_config import OptimizerSpec
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     adamw = make_optimizer(OptimizerSpec(optimizer_type="AdamW", weight_decay=0.1), model)

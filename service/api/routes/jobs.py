@@ -41,7 +41,7 @@ from service.schemas import (
     ValidationPublic,
 )
 from service.states import IllegalTransition, JobStatus, move
-from workers.spec import JobSpec
+from csx_config import JobSpec
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 IdempotencyKeyHeader = Annotated[

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 # scheduler -> (required keys, optional keys with their cstorch defaults)
 SCHEDULERS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
@@ -34,6 +34,11 @@ SCHEDULERS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "cosineannealing": (("initial_learning_rate", "T_max"), {"eta_min": 0.0}),
 }
 _TOTAL_ITERS_ALIASES = ("decay_steps", "steps")
+# The cstorch class each scheduler is stored as, so 'Linear' and 'linear_lr' make one spec.
+CLASS_NAMES = {"constant": "ConstantLR", "linear": "LinearLR", "cosinedecay": "CosineDecayLR",
+               "exponential": "ExponentialLR", "polynomial": "PolynomialLR",
+               "inversesquarerootdecay": "InverseSquareRootDecayLR", "step": "StepLR",
+               "multistep": "MultiStepLR", "cosineannealing": "CosineAnnealingLR"}
 
 
 def scheduler_key(name: str) -> str:
@@ -101,7 +106,12 @@ class SchedulerSpec(BaseModel):
             raise ValueError(f"scheduler {self.scheduler!r} needs {', '.join(missing)}")
         if extra:
             raise ValueError(f"scheduler {self.scheduler!r} does not take {', '.join(extra)}")
+        self.scheduler = CLASS_NAMES[key]
         return self
+
+    def is_constant(self) -> bool:
+        """A constant rate for the whole run: the same job as a plain number."""
+        return scheduler_key(self.scheduler) == "constant" and self.total_iters is None
 
     def value(self, name: str) -> Any:
         given = getattr(self, name)
@@ -139,7 +149,17 @@ class SchedulerSpec(BaseModel):
         return floor + (start - floor) * 0.5 * (1.0 + math.cos(math.pi * (step % (2 * t_max)) / t_max))
 
 
-LearningRate = float | SchedulerSpec | list[SchedulerSpec]
+def _rate_form(value: Any) -> str:
+    """Which form a learning_rate is written in, so a bad one is checked as that form only."""
+    if isinstance(value, (list, tuple)):
+        return "schedulers"
+    return "scheduler" if isinstance(value, (dict, SchedulerSpec)) else "number"
+
+
+LearningRate = Annotated[
+    Annotated[float, Tag("number")] | Annotated[SchedulerSpec, Tag("scheduler")]
+    | Annotated[list[SchedulerSpec], Tag("schedulers")],
+    Discriminator(_rate_form)]
 
 
 def check_sequence(schedulers: list[SchedulerSpec]) -> None:

@@ -1,43 +1,31 @@
-"""The job spec: Cerebras ModelZoo's params schema (GPT-2/3 and Llama), one typed ``JobSpec``
-for the CLI and the REST API.
+"""The sections of the params layout (``train_input``, ``eval_input``, ``model``,
+``optimizer``, ``runconfig``) with ModelZoo's key names, and the range checks of the
+``sparsity`` section (passed unchanged to ``sparsity.configure``).
 
-A ModelZoo params file runs unchanged: sections ``train_input``, ``eval_input``, ``model``,
-``optimizer``, ``sparsity`` and ``runconfig`` with ModelZoo's key names. Keys that only mean
-something on real Cerebras hardware (``mixed_precision``, ``num_workers``, ``use_cs_grad_accum``,
-...) are accepted, kept in the spec, and listed by ``JobSpec.not_applied()``. Any other unknown
-key is an error naming it, with the closest known key suggested. Our own additions, all
-optional: ``model.preset`` (tiny / mini / small: a small Llama filling the size keys the file
-does not give), ``model.tokenizer`` and ``model.sparse_wide_sparsity``, ``data_dir:
-builtin:shakespeare``, and runconfig's ``num_csx`` cap, ``max_failures``, ``mlflow_experiment``
-and ``sparse_kernel``.
-
-The ``sparsity`` section is passed unchanged to ``sparsity.configure`` (both the 2.x and the
-1.8/2.1 layouts); here only its sparsity levels are range-checked. Imports only pydantic and
-yaml, so the service validates jobs without loading torch.
+Keys that only mean something on real Cerebras hardware (``mixed_precision``, ``num_workers``,
+``use_cs_grad_accum``, ...) are accepted, kept in the spec, and listed by ``not_applied()``.
+Any other unknown key is an error naming it (csx_config.keys), reported together with every
+other problem of its section. Our own additions, all optional: ``model.preset`` (tiny / mini /
+small: a small Llama filling the size keys the file does not give), ``model.tokenizer`` and
+``model.sparse_wide_sparsity``, ``data_dir: builtin:shakespeare``, and runconfig's ``num_csx``
+cap, ``max_failures``, ``mlflow_experiment`` and ``sparse_kernel``.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any, ClassVar, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from workers.schedulers import LearningRate, check_sequence, rename_aliases
+from csx_config.keys import EXTRA_NOT_APPLIED, HARDWARE_ONLY, NOT_APPLIED_REASONS, validate_all_keys
+from csx_config.schedulers import LearningRate, SchedulerSpec, check_sequence, rename_aliases
 
 PresetName = Literal["tiny", "mini", "small"]
 HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
 # Keys inside a sparsity config whose numeric values are sparsity levels.
 SPARSITY_LEVEL_KEYS = ("sparsity", "init_sparsity", "end_sparsity", "value", "init", "final",
                        "minimum")
-
-
-def unknown_key_message(key: str, known: set[str], where: str) -> str:
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{where}.{key} is not a key of {where} (ModelZoo GPT-2/3 / Llama schema){hint}"
 
 
 class _Section(BaseModel):
@@ -48,20 +36,22 @@ class _Section(BaseModel):
     NOT_APPLIED: ClassVar[frozenset[str]] = frozenset()
     ALIASES: ClassVar[dict[str, str]] = {}  # another ModelZoo spelling -> field
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _known_keys(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = rename_aliases(data, cls.ALIASES, prefix=f"{cls.SECTION}: ")
-        known = set(cls.model_fields) | cls.NOT_APPLIED
-        for key in data:
-            if key not in known:
-                raise ValueError(unknown_key_message(str(key), known | set(cls.ALIASES), cls.SECTION))
-        return data
+    def _known_keys(cls, data: Any, handler: Any) -> Any:
+        if isinstance(data, dict):
+            data = rename_aliases(data, cls.ALIASES, prefix=f"{cls.SECTION}: ")
+        return validate_all_keys(cls, data, handler, cls.known_keys(), cls.SECTION)
 
-    def not_applied(self) -> list[str]:
-        return [f"{self.SECTION}.{key}" for key in (self.model_extra or {})]
+    @classmethod
+    def known_keys(cls) -> set[str]:
+        return (set(cls.model_fields) | cls.NOT_APPLIED | EXTRA_NOT_APPLIED.get(cls.SECTION, frozenset())
+                | set(cls.ALIASES))
+
+    def not_applied(self) -> dict[str, str]:
+        """This section's keys accepted without effect here, each with the reason."""
+        return {f"{self.SECTION}.{key}": NOT_APPLIED_REASONS.get(f"{self.SECTION}.{key}", HARDWARE_ONLY)
+                for key in (self.model_extra or {})}
 
 
 class InputSpec(_Section):
@@ -116,9 +106,16 @@ class TokenizerSpec(_Section):
 Initializer = dict[str, Any]
 
 
+class ExtraAttentionParams(_Section):
+    """``model.extra_attention_params``: ``num_kv_groups`` key/value heads for
+    ``attention_module: multiquery_attention`` (1: multi-query; fewer than num_heads: GQA)."""
+    SECTION = "model.extra_attention_params"
+    num_kv_groups: PositiveInt | None = None
+
+
 class ModelSpec(_Section):
-    """ModelZoo's GPT2LMHeadModel keys (GPT-3 and Llama use the same model). Unset keys take
-    the preset's value, else ModelZoo's default (``MODELZOO_DEFAULTS``)."""
+    """ModelZoo's GPT2LMHeadModel keys (GPT-3, BTLM, Llama and Mistral use the same model).
+    Unset keys take the preset's value, else ModelZoo's default (``MODELZOO_DEFAULTS``)."""
     SECTION = "model"
     NOT_APPLIED = frozenset({
         "mixed_precision", "fp16_type", "use_bfloat16", "precision_opt_level", "loss_scaling",
@@ -131,14 +128,24 @@ class ModelSpec(_Section):
     num_heads: PositiveInt | None = None
     filter_size: PositiveInt | None = None
     max_position_embeddings: PositiveInt | None = None
-    position_embedding_type: Literal["learned", "rotary"] | None = None
+    position_embedding_type: Literal["learned", "rotary", "alibi"] | None = None
     rotary_dim: PositiveInt | None = None
     rope_theta: float | None = Field(None, gt=0.0)
+    pos_scaling_factor: float | None = Field(None, gt=0.0)
+    pos_scaling_type: Literal["linear", "llama3", "yarn", "YaRN"] | None = None
+    pos_scaling_extra_args: dict[str, float | int | bool] | None = None
+    alibi_trainable_slopes: bool | None = None
     share_embedding_weights: bool | None = None
+    embedding_layer_norm: bool | None = None
     nonlinearity: Literal["gelu", "gelu_new", "relu", "silu", "swish", "swiglu", "geglu", "reglu"] | None = None
     norm_type: Literal["layernorm", "rmsnorm"] | None = None
     layer_norm_epsilon: float | None = Field(None, gt=0.0)
     attention_type: Literal["scaled_dot_product", "dot_product"] | None = None
+    attention_module: Literal["aiayn_attention", "multiquery_attention"] | None = None
+    extra_attention_params: ExtraAttentionParams | None = None
+    attention_inner_dim: PositiveInt | None = None
+    attention_sliding_window_length: PositiveInt | None = None
+    attention_sink_tokens: NonNegativeInt | None = None
     use_projection_bias_in_attention: bool | None = None
     use_ffn_bias_in_attention: bool | None = None
     use_ffn_bias: bool | None = None
@@ -150,6 +157,14 @@ class ModelSpec(_Section):
     embedding_initializer: Initializer | None = None
     initializer: Initializer | None = None
     output_layer_initializer: Initializer | None = None
+    mup_base_hidden_size: float | None = Field(None, gt=0.0)
+    mup_base_filter_size: float | None = Field(None, gt=0.0)
+    embeddings_scale: float | None = Field(None, gt=0.0)
+    output_logits_alpha: float | None = Field(None, gt=0.0)
+    scale_output_logits_by_d: bool | None = None
+    output_logits_scale: float | None = Field(None, gt=0.0)
+    scale_qk_dot_by_d: bool | None = None
+    attention_logits_alpha: float | None = Field(None, gt=0.0)
     sparse_wide_sparsity: float = Field(0.0, ge=0.0, lt=1.0)
     tokenizer: TokenizerSpec = TokenizerSpec()
 
@@ -171,10 +186,15 @@ class ModelSpec(_Section):
         if self.preset:
             values.update(PRESETS[self.preset])
         values.update({k: getattr(self, k) for k in MODELZOO_DEFAULTS if getattr(self, k) is not None})
+        if self.extra_attention_params is not None:
+            values["extra_attention_params"] = self.extra_attention_params.model_dump(exclude_none=True)
         values["sparse_wide_sparsity"] = self.sparse_wide_sparsity
         return values
 
 
+# ModelZoo's lr_adjustment_groups (their parameter globs: workers.model.LR_ADJUSTMENT_GROUPS).
+LR_ADJUSTMENT_GROUPS = ("embedding", "decoder_kernel", "decoder_attention", "decoder_input_ffn",
+                        "decoder_output_ffn")
 # torch.nn.init names a ModelZoo initializer may use, with the keys each takes besides "name".
 INITIALIZERS = {"normal": ("mean", "std"), "truncated_normal": ("mean", "std", "a", "b"),
                 "uniform": ("a", "b"), "xavier_uniform": ("gain",), "xavier_normal": ("gain",),
@@ -183,13 +203,18 @@ INITIALIZERS = {"normal": ("mean", "std"), "truncated_normal": ("mean", "std", "
 MODELZOO_DEFAULTS: dict[str, Any] = {
     "vocab_size": 50257, "hidden_size": 768, "num_hidden_layers": 12, "num_heads": 12,
     "filter_size": 3072, "max_position_embeddings": 1024, "position_embedding_type": "learned",
-    "rotary_dim": None, "rope_theta": 10000.0, "share_embedding_weights": True,
-    "nonlinearity": "gelu", "norm_type": "layernorm", "layer_norm_epsilon": 1e-5,
-    "attention_type": "scaled_dot_product", "use_projection_bias_in_attention": True,
+    "rotary_dim": None, "rope_theta": 10000.0, "pos_scaling_factor": 1.0, "pos_scaling_type": "linear",
+    "pos_scaling_extra_args": None, "alibi_trainable_slopes": False, "share_embedding_weights": True,
+    "embedding_layer_norm": False, "nonlinearity": "gelu", "norm_type": "layernorm", "layer_norm_epsilon": 1e-5,
+    "attention_type": "scaled_dot_product", "attention_module": "aiayn_attention",
+    "extra_attention_params": None, "attention_inner_dim": None, "attention_sliding_window_length": None,
+    "attention_sink_tokens": None, "use_projection_bias_in_attention": True,
     "use_ffn_bias_in_attention": True, "use_ffn_bias": True, "use_bias_in_output": False,
     "dropout_rate": 0.1, "attention_dropout_rate": 0.1, "embedding_dropout_rate": None,
     "initializer_range": 0.02, "embedding_initializer": None, "initializer": None,
-    "output_layer_initializer": None,
+    "output_layer_initializer": None, "mup_base_hidden_size": None, "mup_base_filter_size": None,
+    "embeddings_scale": 1.0, "output_logits_alpha": None, "scale_output_logits_by_d": True,
+    "output_logits_scale": None, "scale_qk_dot_by_d": False, "attention_logits_alpha": 1.0,
 }
 _SMALL_LLAMA = {"position_embedding_type": "rotary", "norm_type": "rmsnorm", "nonlinearity": "swiglu",
                 "use_projection_bias_in_attention": False, "use_ffn_bias_in_attention": False,
@@ -209,7 +234,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 class OptimizerSpec(_Section):
     SECTION = "optimizer"
     NOT_APPLIED = frozenset({"log_summaries", "loss_scaling_factor", "initial_loss_scale",
-                             "steps_per_increase", "min_loss_scale", "max_loss_scale"})
+                             "steps_per_increase", "min_loss_scale", "max_loss_scale",
+                             "grad_accum_steps"})
     ALIASES = {"weight_decay_rate": "weight_decay"}
     optimizer_type: str = "AdamW"  # a torch.optim class name (any case), checked when built
     learning_rate: LearningRate = 1e-3
@@ -219,10 +245,24 @@ class OptimizerSpec(_Section):
     eps: float | None = Field(None, gt=0.0)
     momentum: float | None = Field(None, ge=0.0)
     correct_bias: bool = True
+    # Learning-rate factor per parameter group (ModelZoo's 1.x muP files: {decoder_kernel: 0.1}).
+    adjust_learning_rate: dict[str, float] | None = None
+
+    @field_validator("adjust_learning_rate")
+    @classmethod
+    def _known_groups(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for group, factor in (value or {}).items():
+            if group not in LR_ADJUSTMENT_GROUPS:
+                raise ValueError(f"adjust_learning_rate.{group} is not one of {list(LR_ADJUSTMENT_GROUPS)}")
+            if not factor > 0:
+                raise ValueError(f"adjust_learning_rate.{group} must be > 0, got {factor}")
+        return value
 
     @field_validator("learning_rate")
     @classmethod
     def _valid_rate(cls, value: LearningRate) -> LearningRate:
+        if isinstance(value, SchedulerSpec) and value.is_constant():
+            value = value.learning_rate  # one spec for one job, however the file spells it
         if isinstance(value, float) and value <= 0:
             raise ValueError(f"learning_rate must be > 0, got {value}")
         if isinstance(value, list):
@@ -253,7 +293,13 @@ class RunConfigSpec(_Section):
         "log_input_summaries", "check_loss_values", "lora", "op_profiler_config",
         "execute_crd_memory_gi", "compile_crd_memory_gi", "wrk_memory_gi", "act_memory_gi",
         "cmd_memory_gi", "wgt_memory_gi", "num_steps", "num_epochs", "steps_per_epoch",
-        "keep_last_n_checkpoints", "keep_checkpoint_max", "save_summary_steps"})
+        "keep_last_n_checkpoints", "keep_checkpoint_max", "save_summary_steps",
+        # trainer-layout homes of the CS appliance's settings (csx_config.trainer)
+        "compile_dir", "mgmt_namespace", "cbcore_image", "job_priority", "main_process_id",
+        "logging", "wsc_log_level", "enable_act_frequency", "ini", "debug_args",
+        "retrace_every_iteration", "lazy_initialization", "log_initialization", "drop_data",
+        "fabric_type_blacklist", "chf_memory_gi", "debug_args_path", "summary_dir",
+        "legacy_event_dirs", "hf_cache_dir"})
     ALIASES = {"save_checkpoint_steps": "checkpoint_steps"}
     max_steps: PositiveInt = 100
     eval_steps: PositiveInt = 10  # batches per evaluation
@@ -272,7 +318,7 @@ class RunConfigSpec(_Section):
     sparse_kernel: Literal["auto", "csr", "dense"] = "auto"
 
 
-def _check_sparsity_levels(value: Any, path: str) -> None:
+def check_sparsity_levels(value: Any, path: str) -> None:
     """Reject NaN anywhere and sparsity levels outside [0, 1), naming where they are."""
     if isinstance(value, bool):
         return
@@ -285,101 +331,13 @@ def _check_sparsity_levels(value: Any, path: str) -> None:
                 levels = item if isinstance(item, list) else [item]  # a list cycles through levels
                 for index, level in enumerate(levels):
                     if isinstance(level, (int, float)) and not isinstance(level, bool):
-                        _check_level(level, f"{where}[{index}]" if isinstance(item, list) else where)
-            _check_sparsity_levels(item, where)
+                        check_level(level, f"{where}[{index}]" if isinstance(item, list) else where)
+            check_sparsity_levels(item, where)
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _check_sparsity_levels(item, f"{path}[{index}]")
+            check_sparsity_levels(item, f"{path}[{index}]")
 
 
-def _check_level(level: float, where: str) -> None:
+def check_level(level: float, where: str) -> None:
     if math.isnan(level) or not 0.0 <= level < 1.0:
         raise ValueError(f"{where} must be a sparsity level in [0, 1), got {level}")
-
-
-class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
-
-    train_input: TrainInputSpec = TrainInputSpec()
-    eval_input: InputSpec = InputSpec()
-    model: ModelSpec = ModelSpec()
-    optimizer: OptimizerSpec = OptimizerSpec()
-    sparsity: float | dict[str, Any] | list[Any] | None = None
-    runconfig: RunConfigSpec = RunConfigSpec()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_sections(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for key in data:
-                if key not in cls.model_fields:
-                    raise ValueError(unknown_key_message(str(key), set(cls.model_fields), "params"))
-        return data
-
-    @field_validator("sparsity")
-    @classmethod
-    def _sparsity_levels(cls, value: Any) -> Any:
-        if isinstance(value, float):
-            _check_level(value, "sparsity")
-        else:
-            _check_sparsity_levels(value, "sparsity")
-        return value
-
-    @classmethod
-    def from_yaml(cls, text: str, overrides: list[str] | None = None) -> JobSpec:
-        """Parse params YAML, then apply ``section.key=value`` overrides; a YAML or field error
-        raises ValueError naming the problem."""
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ValueError(f"params YAML does not parse: {err}") from err
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ValueError(f"params YAML must be a mapping of sections, got {type(data).__name__}")
-        return cls.model_validate(with_overrides(data, overrides or []))
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
-
-    def eval_data_dirs(self) -> list[str]:
-        return self.eval_input.data_dirs() or self.train_input.data_dirs()
-
-    def not_applied(self) -> list[str]:
-        """The hardware-only keys of this file: accepted, but they change nothing here."""
-        sections = (self.train_input, self.eval_input, self.model, self.optimizer, self.runconfig)
-        return [key for section in sections for key in section.not_applied()]
-
-
-_SECTIONS: dict[str, type[BaseModel]] = {
-    "train_input": TrainInputSpec, "eval_input": InputSpec, "model": ModelSpec,
-    "optimizer": OptimizerSpec, "runconfig": RunConfigSpec}
-
-
-def _keeps_text(section: str, key: str) -> bool:
-    """Whether the schema types ``section.key`` as a plain string (so '2024' stays a string)."""
-    cls = _SECTIONS.get(section)
-    field = cls.model_fields.get(key) if cls else None
-    return field is not None and field.annotation in (str, str | None)
-
-
-def with_overrides(params: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``params`` with each ``a.b.c=value`` applied; the value is YAML (``2``, ``1.0e-3``,
-    ``[a, b]``, ``null``) unless the schema types the key as a string."""
-    result = yaml.safe_load(yaml.safe_dump(params))  # a deep copy of plain data
-    for override in overrides:
-        path, sep, raw = override.partition("=")
-        keys = path.strip().split(".")
-        if not sep or not all(keys):
-            raise ValueError(f"override {override!r} must look like section.key=value")
-        value: Any = raw if len(keys) == 2 and _keeps_text(*keys) else yaml.safe_load(raw)
-        node = result
-        for key in keys[:-1]:
-            child = node.get(key)
-            if child is None:
-                child = node[key] = {}
-            if not isinstance(child, dict):
-                raise ValueError(f"override {override!r}: {key} is not a section")
-            node = child
-        node[keys[-1]] = value
-    return result

@@ -1,0 +1,37 @@
+"""The params schema of Cerebras ModelZoo files, for the CLI and the service: imports only
+pydantic and yaml (the service validates jobs without loading torch).
+
+    sections      the params sections (model, optimizer, ...) and their fields
+    keys          keys not applied here and why, features refused, hints, all errors at once
+    params_v1     1.x keys and their upgrade to the current meaning
+    params_v2     the 2.x params layout JobSpec stores
+    trainer       the ``trainer:`` layout, to and from params
+    layouts       layout detection, normalisation, conversion
+    overrides     ``--set section.key=value`` and ``--set ~section.key``
+    schedulers    learning-rate schedules
+    spec          JobSpec
+"""
+
+from csx_config.sections import (
+    HDF5_PROCESSORS,
+    INITIALIZERS,
+    LR_ADJUSTMENT_GROUPS,
+    MODELZOO_DEFAULTS,
+    PRESETS,
+    InputSpec,
+    ModelSpec,
+    OptimizerSpec,
+    PresetName,
+    RunConfigSpec,
+    TokenizerSpec,
+    TrainInputSpec,
+)
+from csx_config.keys import format_problems, unknown_key_message
+from csx_config.layouts import detect_layout
+from csx_config.overrides import with_overrides
+from csx_config.spec import JobSpec, parse_yaml
+
+__all__ = ["HDF5_PROCESSORS", "INITIALIZERS", "LR_ADJUSTMENT_GROUPS", "MODELZOO_DEFAULTS", "PRESETS", "InputSpec", "JobSpec",
+           "ModelSpec", "OptimizerSpec", "PresetName", "RunConfigSpec", "TokenizerSpec",
+           "TrainInputSpec", "detect_layout", "format_problems", "parse_yaml",
+           "unknown_key_message", "with_overrides"]

@@ -1,0 +1,142 @@
+"""What each key of a params file means here, beyond the schema's fields: the hardware-only
+keys accepted but not applied (and why), the ModelZoo features refused (named, so the message
+says what is missing), the hint for a key written the old way, and one error for all the
+unknown keys of a section.
+
+Every table is keyed by ``section.key`` in the params layout; the trainer layout is translated
+to it first (csx_config.trainer).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+Problem = tuple[tuple[str | int, ...], str]  # (location, message)
+HARDWARE_ONLY = "hardware-only (Cerebras appliance, precision or logging)"
+# Accepted, kept in the spec, listed as not applied; the reason when it is not HARDWARE_ONLY.
+NOT_APPLIED_REASONS: dict[str, str] = {
+    "runconfig.save_losses": "1.x: losses are always logged to MLflow here",
+    "runconfig.show_debug_metrics": "1.x debug summaries of the CS system",
+    "runconfig.log_step_count_steps": "1.x TensorFlow-era logging cadence; runconfig.log_steps applies",
+    "runconfig.save_summary_steps": "TensorBoard summaries; metrics go to MLflow every log_steps",
+    "runconfig.execution_strategy": "1.x pipeline / weight-streaming choice of the CS system",
+    "runconfig.load_checkpoint_states": "which checkpoint states a CS run loads; all are loaded here",
+    "runconfig.disable_strict_checkpoint_loading": "checkpoints here always match their model",
+    "runconfig.max_checkpoints": "checkpoint retention of the CS appliance",
+    "optimizer.disable_lr_steps_reset": "1.x: the schedule here always counts from the global step",
+    "optimizer.ws_summary": "1.x weight-streaming summaries",
+    "train_input.use_multiple_workers": "1.x CS-1 input workers",
+    "eval_input.use_multiple_workers": "1.x CS-1 input workers",
+    "model.use_bfloat16": "precision: training here is float32",
+    "model.allow_multireplica": "multi-replica compilation of the CS system",
+    "model.alibi_implementation": "ALiBi kernel choice of the CS compiler",
+    "optimizer.grad_accum_steps": "gradient accumulation: the same global batch trains the same here",
+}
+# Keys each section accepts without applying them, beyond the section's own NOT_APPLIED.
+EXTRA_NOT_APPLIED: dict[str, frozenset[str]] = {
+    section: frozenset(path.split(".", 1)[1] for path in NOT_APPLIED_REASONS if path.startswith(section + "."))
+    for section in {path.split(".", 1)[0] for path in NOT_APPLIED_REASONS}}
+
+# ModelZoo keys of features not built here: refused, naming the feature. A key that becomes a
+# field of its section (the model features of issue 21) is accepted instead and never looked up.
+UNSUPPORTED: dict[str, str] = {
+    "model.fixed_sparse_attention": "fixed sparse attention",
+    "optimizer.max_gradient_value": "gradient clipping by value (max_gradient_value)",
+    "model.lora_params": "LoRA adapters (lora_params)",
+    "train_input.data_transforms": "input data transforms (data_transforms)",
+    "eval_input.data_transforms": "input data transforms (data_transforms)",
+}
+# Values of known keys that name a feature not built here (checked only when the field
+# itself refuses the value, so a schema that grows the feature accepts it).
+UNSUPPORTED_VALUES: dict[tuple[str, Any], str] = {
+    ("model.position_embedding_type", "fixed"): "fixed sinusoidal positions",
+    ("model.position_embedding_type", "relative"): "relative position embeddings",
+}
+# Old spellings whose closest *name* is not their meaning; the hint names the right key.
+HINTS: dict[str, str] = {
+    "use_position_embedding": "position_embedding_type",
+    "use_rms_norm": "norm_type",
+    "beta1": "betas",
+    "beta2": "betas",
+    "epsilon": "eps",
+    "use_bias_correction": "correct_bias",
+    "steps": "total_iters",
+}
+
+
+def unknown_key_message(key: str, known: set[str], where: str) -> str:
+    """Why ``where.key`` is refused: a feature not built here, or a key with its closest match."""
+    path = f"{where}.{key}"
+    if path in UNSUPPORTED:
+        return f"{path}: {UNSUPPORTED[path]} is not supported here"
+    target = HINTS.get(key)
+    if target not in known:
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        target = close[0] if close else None
+    hint = f"; did you mean {target!r}?" if target else ""
+    return f"{path} is not a key of {where} (ModelZoo GPT-2/3 / Llama schema){hint}"
+
+
+def unsupported_value(section: type[BaseModel], where: str, key: str, value: Any) -> str | None:
+    """The feature a refused value names, if the field does not accept it."""
+    feature = UNSUPPORTED_VALUES.get((f"{where}.{key}", value)) if isinstance(value, str) else None
+    field = section.model_fields.get(key)
+    if feature is None or field is None:
+        return None
+    try:
+        TypeAdapter(field.annotation).validate_python(value)
+    except ValidationError:
+        return f"{where}.{key}: {feature} is not supported here"
+    return None
+
+
+def _problem(kind: str, loc: tuple[Any, ...], message: str, value: Any) -> InitErrorDetails:
+    return InitErrorDetails(type=PydanticCustomError(kind, "{message}", {"message": message}),
+                            loc=loc, input=value)
+
+
+def validate_all_keys(cls: type[BaseModel], data: Any, handler: Any, known: set[str],
+                      where: str, found: list[Problem] = ()) -> Any:
+    """Validate ``data`` as ``cls``, reporting every unknown key *and* every field error of it
+    together, after the ``found`` problems of an earlier step (pydantic stops at a failing
+    before-validator, so unknown keys are set aside, the rest validated, and the lists joined)."""
+    if not isinstance(data, dict):
+        return handler(data)
+    unknown = [key for key in data if key not in known]
+    problems = [_problem("unknown_key", (key,), unknown_key_message(str(key), known, where), data[key])
+                for key in unknown]
+    problems += [_problem("not_supported", loc, message, None) for loc, message in found]
+    try:
+        result = handler({k: v for k, v in data.items() if k not in unknown})
+    except ValidationError as err:
+        for error in err.errors(include_url=False):
+            key = error["loc"][0] if error["loc"] else None
+            feature = unsupported_value(cls, where, key, data.get(key)) if isinstance(key, str) else None
+            problems.append(_problem(error["type"], tuple(error["loc"]), feature or error["msg"],
+                                     error.get("input")))
+    if problems:
+        raise ValidationError.from_exception_data(cls.__name__, problems)
+    return result
+
+
+def format_problems(err: ValidationError, title: str = "params") -> str:
+    """All of a validation's problems as one message, each on its own line with its path."""
+    lines = []
+    for error in err.errors(include_url=False):
+        path = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(message if message.startswith(f"{path}:") or message.startswith(f"{path} ")
+                     else f"{path}: {message}" if path else message)
+    count = f"{len(lines)} problems" if len(lines) > 1 else "1 problem"
+    return f"{count} in {title}:\n" + "\n".join(f"  - {line}" for line in lines)
+
+
+def relocated(err: ValidationError, title: str, where: Any) -> ValidationError:
+    """``err`` with each location mapped by ``where`` (a params path to the file's own path)."""
+    return ValidationError.from_exception_data(title, [
+        _problem(error["type"], where(tuple(error["loc"])), error["msg"], error.get("input"))
+        for error in err.errors(include_url=False)])

@@ -1,0 +1,39 @@
+"""Which layout a file is in (1.x params, 2.x params, ``trainer:``), its normalised params
+form, and the conversion between the layouts that ``csx convert`` writes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from csx_config import params_v1, params_v2, trainer
+from csx_config.keys import Problem
+
+Layout = Literal["params_v1", "params_v2", "trainer"]
+
+
+def detect_layout(data: dict[str, Any]) -> Layout:
+    if trainer.is_trainer(data):
+        return "trainer"
+    return "params_v1" if params_v1.is_v1(data) else "params_v2"
+
+
+def normalise(data: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[Problem]]:
+    """The params form of a file in any layout, with deprecated keys upgraded: (params, notes
+    on each upgrade, problems that stop it)."""
+    if trainer.is_trainer(data):
+        params, problems = trainer.to_params(data)
+    else:
+        params, problems = copy.deepcopy(data), []
+    notes: list[str] = []
+    problems += params_v1.upgrade(params, notes)
+    params_v2.upgrade(params, notes)
+    return params, notes, problems
+
+
+def to_layout(params: dict[str, Any], layout: Literal["params", "trainer"]) -> tuple[dict[str, Any], list[str]]:
+    """A validated spec's params dict (``JobSpec.model_dump``) in ``layout``, and the keys that
+    layout has no home for (left out)."""
+    if layout == "trainer":
+        return trainer.from_params(params)
+    return copy.deepcopy(params), []

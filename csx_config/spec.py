@@ -1,0 +1,106 @@
+"""``JobSpec``: one typed job for the CLI and the REST API, from a ModelZoo file in any layout.
+
+A file is normalised first (csx_config.layouts: the ``trainer:`` layout translated, 1.x keys
+upgraded), then validated section by section; every unknown key and every bad value of the
+file is reported in one ValidationError, each with its path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
+
+from csx_config.keys import relocated, validate_all_keys
+from csx_config.layouts import normalise, to_layout
+from csx_config.overrides import with_overrides
+from csx_config.sections import (
+    InputSpec,
+    ModelSpec,
+    OptimizerSpec,
+    RunConfigSpec,
+    TrainInputSpec,
+    check_level,
+    check_sparsity_levels,
+)
+from csx_config.trainer import is_trainer, trainer_loc
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+
+    train_input: TrainInputSpec = TrainInputSpec()
+    eval_input: InputSpec = InputSpec()
+    model: ModelSpec = ModelSpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    sparsity: float | dict[str, Any] | list[Any] | None = None
+    runconfig: RunConfigSpec = RunConfigSpec()
+    _upgrades: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _normalised(cls, data: Any, handler: Any) -> Any:
+        if not isinstance(data, dict):
+            return handler(data)
+        params, notes, problems = normalise(data)
+        try:
+            spec = validate_all_keys(cls, params, handler, set(cls.model_fields), "params", problems)
+        except ValidationError as err:  # named where the file has them
+            raise relocated(err, cls.__name__, trainer_loc) if is_trainer(data) else err from None
+        spec._upgrades = notes
+        return spec
+
+    @field_validator("sparsity")
+    @classmethod
+    def _sparsity_levels(cls, value: Any) -> Any:
+        if isinstance(value, float):
+            check_level(value, "sparsity")
+        else:
+            check_sparsity_levels(value, "sparsity")
+        return value
+
+    @classmethod
+    def from_yaml(cls, text: str, overrides: list[str] | None = None) -> JobSpec:
+        """Parse a ModelZoo file (any layout), then apply ``section.key=value`` / ``~section.key``
+        overrides; a YAML or field error raises ValueError naming the problem (a
+        ValidationError lists them all)."""
+        return cls.model_validate(with_overrides(parse_yaml(text), overrides or []))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+    def to_layout(self, layout: str) -> tuple[dict[str, Any], list[str]]:
+        """This spec as a file in ``layout`` (params or trainer), keeping the keys the file
+        set; and the keys that layout has no home for."""
+        return to_layout(self.model_dump(mode="json", exclude_unset=True), layout)
+
+    def eval_data_dirs(self) -> list[str]:
+        return self.eval_input.data_dirs() or self.train_input.data_dirs()
+
+    def not_applied(self) -> list[str]:
+        """The hardware-only keys of this file: accepted, but they change nothing here."""
+        return list(self.not_applied_reasons())
+
+    def not_applied_reasons(self) -> dict[str, str]:
+        sections = (self.train_input, self.eval_input, self.model, self.optimizer, self.runconfig)
+        return {key: why for section in sections for key, why in section.not_applied().items()}
+
+    def upgrades(self) -> list[str]:
+        """How the file's deprecated keys were read (``model.use_rms_norm -> ...``)."""
+        return list(self._upgrades)
+
+
+def parse_yaml(text: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"params YAML does not parse: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"params YAML must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+__all__ = ["JobSpec", "parse_yaml", "with_overrides"]

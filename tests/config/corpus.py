@@ -1,0 +1,37 @@
+"""The ModelZoo corpus (tests/fixtures/modelzoo_corpus/<family>/<layout>/<release>_<name>.yaml,
+built by tools/modelzoo_corpus.py) and what the tests hold it to (expected.yaml there)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "modelzoo_corpus"
+FILES = sorted(CORPUS.glob("*/*/*.yaml"))
+EXPECTED = yaml.safe_load((CORPUS / "expected.yaml").read_text())
+
+
+def family_layout(path: Path) -> tuple[str, str]:
+    return path.parts[-3], path.parts[-2]
+
+
+def check_outcomes(outcomes: dict[Path, str | None], how: str) -> None:
+    """Print validated / refused per family x layout; assert the share validated and that each
+    refusal names only unsupported features (``outcomes``: file -> None or the refusal)."""
+    table: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for path, refusal in outcomes.items():
+        table[family_layout(path)][refusal is not None] += 1
+    print(f"\nModelZoo corpus through {how}: family / layout: validated / refused")
+    for (family, layout), (ok, refused) in sorted(table.items()):
+        print(f"  {family:8s} {layout:10s} {ok:4d} / {refused:d}")
+    validated = sum(refusal is None for refusal in outcomes.values())
+    print(f"  total {validated} / {len(outcomes)} validated")
+    assert len(outcomes) == len(FILES) >= 300
+    assert validated / len(outcomes) >= EXPECTED["min_validated_share"]
+    for path, refusal in outcomes.items():
+        if refusal is None:
+            continue
+        problems = [line for line in refusal.splitlines() if line.startswith("  - ")]
+        assert problems and all(EXPECTED["refusal_must_say"] in line for line in problems), (path, refusal)

@@ -262,6 +262,10 @@ class SparsityAlgorithm(MaskKeeper, ABC):
     def is_update_step(self, step: int) -> bool:
         return False
 
+    def last_update_step(self, until: int) -> int | None:
+        """The last step in [1, until] that updates the masks, or None."""
+        return None
+
     def needs_dense_grad(self) -> bool:
         """True iff the next optimizer step updates masks from the dense gradient."""
         return self.grows_by_gradient and self.is_update_step(self.step + 1)
@@ -416,6 +420,9 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
 
     def is_update_step(self, step: int) -> bool:
         return self.update_schedule(step)
+
+    def last_update_step(self, until: int) -> int | None:
+        return self.update_schedule.last_update(until)
 
     def update_targets(self, step: int) -> dict[str, float]:
         """Per-parameter targets used by an update; GraNet overrides it for global pruning."""

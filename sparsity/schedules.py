@@ -314,6 +314,11 @@ class UpdateSchedule(ABC):
         """The last step that can update, if bounded (used to place cubic schedules)."""
         return None
 
+    def last_update(self, until: int) -> int | None:
+        """The last step in [1, until] that updates, or None (plans ask this of runs with
+        millions of steps, so the schedules below answer it without a scan)."""
+        return next((step for step in range(until, 0, -1) if self(step)), None)
+
 
 class Periodic(UpdateSchedule):
     """Every ``freq`` steps from ``start`` (inclusive) to ``stop`` (exclusive)."""
@@ -341,6 +346,11 @@ class Periodic(UpdateSchedule):
     def last_step(self) -> int | None:
         return None if self.stop is None else self.stop - 1
 
+    def last_update(self, until: int) -> int | None:
+        end = until if self.stop is None else min(until, self.stop - 1)
+        last = self.start + (end - self.start) // self.freq * self.freq
+        return last if last >= max(self.start, 1) else None
+
     def __repr__(self) -> str:
         return f"Periodic(freq={self.freq}, start={self.start}, stop={self.stop})"
 
@@ -358,6 +368,9 @@ class AtSteps(UpdateSchedule):
     def last_step(self) -> int | None:
         return max(self.steps) if self.steps else None
 
+    def last_update(self, until: int) -> int | None:
+        return max((step for step in self.steps if step <= until), default=None)
+
 
 class UpdateWhen(UpdateSchedule):
     """A plain callable ``step -> bool`` (the reference raises on these, bug 3)."""
@@ -372,6 +385,9 @@ class UpdateWhen(UpdateSchedule):
 class Never(UpdateSchedule):
     def __call__(self, step: int) -> bool:
         return False
+
+    def last_update(self, until: int) -> int | None:
+        return None
 
 
 def make_update_schedule(value: Any) -> UpdateSchedule:

@@ -67,7 +67,7 @@ def _final_targets(alg: Any, max_steps: int) -> tuple[int, dict[str, float]]:
     or at the current step for a group that never updates. Also the latest such step."""
     last, targets = 0, {}
     for member in getattr(alg, "members", [alg]):
-        step = next((t for t in range(max_steps, member.step, -1) if member.is_update_step(t)), member.step)
+        step = max(member.last_update_step(max_steps) or 0, member.step)
         last = max(last, step)
         targets.update(member.layer_targets(step))
     return last, targets

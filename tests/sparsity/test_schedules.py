@@ -1,6 +1,8 @@
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparsity import schedules
 from sparsity.schedules import make_schedule, make_update_schedule
@@ -88,3 +90,17 @@ def test_update_cadence(spec, steps):
 def test_bad_update_cadence(spec, field):
     with pytest.raises(ValueError, match=field):
         make_update_schedule(spec)
+
+
+@settings(max_examples=300, deadline=None)
+@given(freq=st.integers(1, 40), start=st.integers(0, 60), span=st.none() | st.integers(1, 200),
+       until=st.integers(0, 400), steps=st.lists(st.integers(1, 300), max_size=6))
+def test_last_update_equals_a_scan_of_every_step(freq, start, span, until, steps) -> None:
+    """Plans ask for the last update of runs with millions of steps: the arithmetic answer
+    must be the one a step-by-step scan gives."""
+    from sparsity.schedules import AtSteps, Never, Periodic, UpdateWhen
+
+    stop = None if span is None else start + span
+    for schedule in (Periodic(freq, start, stop), AtSteps(steps), Never()):
+        scan = UpdateWhen(schedule).last_update(until)
+        assert schedule.last_update(until) == scan, (schedule, until)

@@ -33,9 +33,11 @@ SCHEDULE_NAMES = (
 # Data sets named `builtin:<name>`; kept in sync with workers.data by a test.
 BUILTIN_DATA_SETS = ("shakespeare",)
 # Integers that size a job's time or memory, with the largest each may be: far beyond any run
-# here (the memory admission bounds the model), short of one that never ends.
+# here (the memory admission bounds the model), short of one that never ends. max_steps allows
+# what ModelZoo publishes (up to 1.4e9 steps in 1.x Llama files); the job's timeout_s bounds
+# how long any run holds its systems.
 WORK_LIMITS: dict[Loc, int] = {
-    ("runconfig", "max_steps"): 10_000_000,
+    ("runconfig", "max_steps"): 2**31 - 1,
     ("runconfig", "eval_steps"): 1_000_000,
     ("train_input", "batch_size"): 65_536,
     ("eval_input", "batch_size"): 65_536,

@@ -77,18 +77,32 @@ def parameter_count(spec: JobSpec, s: Shapes) -> tuple[int, int]:
     m = spec.model.resolved()
     h, f = s.hidden_size, s.filter_size
     norm = (1 if m["norm_type"] == "rmsnorm" else 2) * h
-    attention_matrices = 4 * h * h
-    attention = (attention_matrices + 3 * h * m["use_projection_bias_in_attention"]
+    inner = m.get("attention_inner_dim") or h  # all query heads, as workers.model's inner_dim
+    kv = _kv_heads(m, s.num_heads) * (inner // s.num_heads)
+    attention_matrices = 2 * h * inner + 2 * h * kv
+    attention = (attention_matrices + (inner + 2 * kv) * m["use_projection_bias_in_attention"]
                  + h * m["use_ffn_bias_in_attention"])
     ffn_in = (2 if s.is_glu else 1) * h * f
     ffn = ffn_in + f * h + m["use_ffn_bias"] * ((2 if s.is_glu else 1) * f + h)
     layers = s.num_hidden_layers * (2 * norm + attention + ffn) + norm
     embeddings = s.vocab_size * h + (m["max_position_embeddings"] * h
                                      if m["position_embedding_type"] == "learned" else 0)
+    if m["position_embedding_type"] == "alibi" and m.get("alibi_trainable_slopes"):
+        embeddings += s.num_heads
+    if m.get("embedding_layer_norm"):
+        embeddings += norm
     head = (0 if m["share_embedding_weights"] else s.vocab_size * h) \
         + s.vocab_size * m["use_bias_in_output"]
     matrices = s.num_hidden_layers * (attention_matrices + ffn_in + f * h)
     return layers + embeddings + head, matrices
+
+
+def _kv_heads(model: dict, num_heads: int) -> int:
+    """Key/value heads, as workers.model.ModelConfig.kv_heads: num_heads, or num_kv_groups
+    (default 1) for multiquery_attention."""
+    if model.get("attention_module") != "multiquery_attention":
+        return num_heads
+    return (model.get("extra_attention_params") or {}).get("num_kv_groups", 1)
 
 
 def training_memory(spec: JobSpec, s: Shapes, parameters: int, sparse_weights: int,

@@ -31,14 +31,18 @@ def test_every_corpus_file_through_csx_run_validate_only(capsys) -> None:
 @pytest.fixture
 def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     """The service with the data root as ModelZoo files expect it: their relative data_dir
-    (./language/datasets/...) under the service's working directory."""
+    (./language/datasets/...) under the service's working directory, on a cluster whose
+    systems hold any model (2^40 GiB each, where full-size activations run to PiB), so the
+    test reads whether each file is valid; admission against this machine's memory is tested in
+    tests/service/test_service_admission.py."""
     from service import crud
     from service.main import create_app
     from service.settings import Settings
 
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'csx.db'}", runs_dir=tmp_path / "runs",
                         mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
-                        allowed_data_roots=[tmp_path], cluster_size=4)
+                        allowed_data_roots=[tmp_path], cluster_size=4,
+                        memory_per_csx_gib=2.0**40)
     monkeypatch.chdir(tmp_path)
     with TestClient(create_app(settings)) as test_client:
         with test_client.app.state.sessionmaker() as session:

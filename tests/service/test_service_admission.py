@@ -173,10 +173,12 @@ def test_a_queued_job_that_no_longer_fits_fails_before_any_worker_starts(
        positions=st.sampled_from(["learned", "rotary"]),
        biases=st.lists(st.booleans(), min_size=5, max_size=5),
        wide=st.sampled_from([0.0, 0.5, 0.75]), batch=st.sampled_from([4, 8]),
-       optimizer=st.sampled_from(["AdamW", "SGD"]))
+       optimizer=st.sampled_from(["AdamW", "SGD"]), kv_groups=st.sampled_from([None, 1, 2]),
+       inner_heads=st.sampled_from([None, 2]), extras=st.lists(st.booleans(), min_size=2, max_size=2))
 def test_the_admission_estimate_is_the_plans_memory(heads, head_dim, layers, filter_size, vocab,
                                                     nonlinearity, norm, positions, biases, wide,
-                                                    batch, optimizer) -> None:
+                                                    batch, optimizer, kv_groups, inner_heads,
+                                                    extras) -> None:
     """Arithmetic on the spec equals what the plan counts on the model it builds (meta)."""
     from workers.memory import estimate
     from workers.plan import validate_plan
@@ -189,6 +191,14 @@ def test_the_admission_estimate_is_the_plans_memory(heads, head_dim, layers, fil
              **dict(zip(["use_projection_bias_in_attention", "use_ffn_bias_in_attention",
                          "use_ffn_bias", "use_bias_in_output", "share_embedding_weights"],
                         biases, strict=True))}
+    if kv_groups is not None and heads % kv_groups == 0:  # GQA / MQA
+        model |= {"attention_module": "multiquery_attention",
+                  "extra_attention_params": {"num_kv_groups": kv_groups}}
+    if inner_heads is not None and not wide:  # query heads wider than the residual stream
+        model["attention_inner_dim"] = heads * head_dim * inner_heads
+    if positions == "rotary" and extras[0]:
+        model |= {"position_embedding_type": "alibi", "alibi_trainable_slopes": True}
+    model["embedding_layer_norm"] = extras[1]
     spec = JobSpec.model_validate({
         "model": model, "train_input": {"batch_size": batch, "max_sequence_length": 16},
         "optimizer": {"optimizer_type": optimizer, "momentum": 0.9 if optimizer == "SGD" else None},
@@ -329,8 +339,8 @@ def test_a_new_database_over_an_old_runs_folder_starts_clean(service_settings: S
 @pytest.mark.parametrize(("change", "loc", "words"), [
     # The issue's value: 2**63, one past the largest 64-bit integer.
     ({"runconfig": {"max_steps": 2**63}}, ["params", "runconfig", "max_steps"], "out of range"),
-    ({"runconfig": {"max_steps": 10**8}}, ["params", "runconfig", "max_steps"],
-     "at most 10,000,000"),
+    ({"runconfig": {"max_steps": 2**31}}, ["params", "runconfig", "max_steps"],
+     "at most 2,147,483,647"),
     ({"runconfig": {"max_steps": 10, "eval_steps": 10**9}}, ["params", "runconfig", "eval_steps"],
      "at most 1,000,000"),
     ({"train_input": {"batch_size": 2**40}}, ["params", "train_input", "batch_size"],

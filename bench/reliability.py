@@ -21,8 +21,10 @@ bench/results/reliability.json.
     python bench/reliability.py --quick     # 200 submissions, 20 clients
     python bench/reliability.py --backends sqlite
 
-Not measured here: a worker kill mid-training (tests/service/test_service_restart.py kills the
-API mid-training and checks the resumed run's final checkpoint is bit-identical).
+Then, per backend, on a fresh database, bench/recovery.py: a real training job with its
+CsxWorker process SIGKILLed mid-run and later its API process (and Ray) SIGKILLed and restarted;
+the resumed job's final checkpoint must be bit-identical to an uninterrupted run's
+(`--no-recovery` skips it).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, func, select
 
+from recovery import run_recovery  # bench/, this script's folder
 from service.db import upgrade_database
 from service.local_stack import HOST, StackProcess, free_port, wait_until_up
 from service.models import Job
@@ -241,22 +244,37 @@ def run_backend(backend: str, total: int, clients: int) -> dict:
     return result
 
 
+def recover(backend: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"csx-recovery-{backend}-") as tmp:
+        with database(backend, Path(tmp)) as url:
+            return run_recovery(backend, url, Path(tmp))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="200 submissions, 20 clients")
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgres"],
                         choices=["sqlite", "postgres"])
+    parser.add_argument("--no-recovery", action="store_true",
+                        help="skip the worker/API kill of a real training job")
     args = parser.parse_args()
     total, clients = (200, 20) if args.quick else (1000, 50)
     runs = [run_backend(backend, total, clients) for backend in args.backends]
+    recoveries = [] if args.no_recovery else [recover(backend) for backend in args.backends]
     sound = all(r["lost"] == 0 and r["duplicated"] == 0 and r["answers_5xx"] == 0
                 and r["accepted"] == total for r in runs)
+    recovered = all(r["resumed"] and r["bit_identical"] for r in recoveries)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
-        "sound": sound, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "client": "httpx.AsyncClient in the same machine's cores", "runs": runs}, indent=2) + "\n")
+        "sound": sound, "recovered_bit_identical": recovered if recoveries else None,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "client": "httpx.AsyncClient in the same machine's cores", "runs": runs,
+        "recovery": recoveries}, indent=2) + "\n")
     print(f"0 lost, 0 duplicated, 0 x 5xx, all accepted: {'yes' if sound else 'NO'}")
-    return 0 if sound else 1
+    if recoveries:
+        print(f"worker and API kills resumed, final checkpoints bit-identical: "
+              f"{'yes' if recovered else 'NO'}")
+    return 0 if sound and recovered else 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ experiment in Debian's Chromium (`apt-get install -y chromium`) driven by Playwr
 - mlflow_compare_charts.png: the same link as opened (chart view): runs list and charts;
 - mlflow_perplexity_chart.png: its eval/perplexity chart enlarged, one line per variant;
 - mlflow_final_perplexity.png: its final/eval_perplexity chart enlarged, one point per variant;
-- mlflow_parent_run.png: the parent run's page (its description links the comparison).
+- mlflow_parent_run.png: the parent run's page (its description links the comparison);
+- mlflow_run_metrics.png: a RigL variant's "Model metrics" tab: the headline sections (eval,
+  final, ...) on top;
+- mlflow_layer_sparsity.png: the same tab scrolled to the per-layer section
+  (`weights/sparsity`, one chart per layer under its short name).
 
     .venv/bin/python bench/mlflow_screenshots.py --out docs/images
 
@@ -128,7 +132,7 @@ def start_mlflow_server(tracking_uri: str, log: Path) -> tuple[subprocess.Popen,
 
 
 def screenshots(url: str, experiment_id: str, parent_run_id: str, study_id: int,
-                variants: list[str], out: Path) -> list[Path]:
+                variants: dict[str, str], out: Path) -> list[Path]:
     """Open the study in Chromium as a user would and save what they see."""
     from playwright.sync_api import sync_playwright
 
@@ -183,6 +187,15 @@ def screenshots(url: str, experiment_id: str, parent_run_id: str, study_id: int,
             close_assistant(page)
             page.get_by_text("Compare the variants").first.wait_for()
             written.append(shot(page, out / "mlflow_parent_run.png"))
+
+            # A variant's own charts: headline sections first, per-layer ones after them.
+            page.goto(f"{url}/#/experiments/{experiment_id}/runs/{variants['rigl']}/model-metrics")
+            close_assistant(page)
+            page.get_by_text("eval/perplexity", exact=False).first.wait_for()
+            written.append(shot(page, out / "mlflow_run_metrics.png"))
+            section = page.get_by_text("weights/sparsity", exact=True).first
+            section.evaluate("e => e.scrollIntoView({block: 'start'})")
+            written.append(shot(page, out / "mlflow_layer_sparsity.png"))
             browser.close()
     finally:
         shutil.rmtree(profile, ignore_errors=True)
@@ -238,12 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     client = MlflowClient(tracking_uri)
     experiment = client.get_experiment_by_name("csx-screenshot-study")
     parent = client.search_runs([experiment.experiment_id], "tags.`csx.role` = 'study'")[0]
-    variants = [r.info.run_name for r in client.search_runs(
-        [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")]
+    variants = {r.info.run_name: r.info.run_id for r in client.search_runs(
+        [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}
     server, url = start_mlflow_server(tracking_uri, state / "mlflow-server.log")
     try:
         for path in screenshots(url, experiment.experiment_id, parent.info.run_id,
-                                int(parent.data.tags["csx.study_id"]), sorted(variants),
+                                int(parent.data.tags["csx.study_id"]), variants,
                                 args.out):
             print(f"wrote {path}")
     finally:

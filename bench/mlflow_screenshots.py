@@ -9,6 +9,8 @@ experiment in Debian's Chromium (`apt-get install -y chromium`) driven by Playwr
   per variant, best eval perplexity first;
 - mlflow_compare_charts.png: the same link as opened (chart view): runs list and charts;
 - mlflow_perplexity_chart.png: its eval/perplexity chart enlarged, one line per variant;
+- mlflow_perplexity_after_warmup.png: its eval/perplexity_after_warmup chart enlarged: the
+  same lines from the first evaluation after the LR warm-up, on an axis of the late values;
 - mlflow_final_perplexity.png: its final/eval_perplexity chart enlarged, one point per variant;
 - mlflow_parent_run.png: the parent run's page (its description links the comparison);
 - mlflow_run_metrics.png: a RigL variant's "Model metrics" tab: the headline sections (eval,
@@ -54,8 +56,12 @@ def tiny_study(steps: int) -> dict[str, Any]:
                         "max_sequence_length": 64, "shuffle": True},
         "eval_input": {"batch_size": 8, "max_sequence_length": 64},
         "model": {"preset": "tiny"},
-        "optimizer": {"optimizer_type": "AdamW", "learning_rate": 3.0e-3, "weight_decay": 0.1,
-                      "max_gradient_norm": 1.0},
+        # a warm-up, as the reference study has: eval/perplexity_after_warmup starts after it
+        "optimizer": {"optimizer_type": "AdamW", "weight_decay": 0.1, "max_gradient_norm": 1.0,
+                      "learning_rate": [
+                          {"scheduler": "Linear", "initial_learning_rate": 0.0,
+                           "end_learning_rate": 3.0e-3, "total_iters": max(1, steps // 8)},
+                          {"scheduler": "Constant", "learning_rate": 3.0e-3}]},
         "runconfig": {"max_steps": steps, "eval_frequency": max(1, steps // 8), "eval_steps": 2,
                       "log_steps": max(1, steps // 16), "seed": 0, "num_csx": 1,
                       "mlflow_experiment": "csx-screenshot-study"},
@@ -170,6 +176,11 @@ def screenshots(url: str, experiment_id: str, parent_run_id: str, study_id: int,
                 dialog.get_by_text(variant, exact=False).first.wait_for()
             written.append(shot(dialog, out / "mlflow_perplexity_chart.png"))
             page.keyboard.press("Escape")
+            dialog = enlarge(page, "eval/perplexity_after_warmup")
+            for variant in variants:
+                dialog.get_by_text(f"{variant} (eval/perplexity_after_warmup)").first.wait_for()
+            written.append(shot(dialog, out / "mlflow_perplexity_after_warmup.png"))
+            page.keyboard.press("Escape")
 
             # The final perplexities, one point per variant, on an axis that tells them apart.
             card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
@@ -200,6 +211,16 @@ def screenshots(url: str, experiment_id: str, parent_run_id: str, study_id: int,
     finally:
         shutil.rmtree(profile, ignore_errors=True)
     return written
+
+
+def enlarge(page: Any, metric: str) -> Any:
+    """Open `metric`'s chart card full screen; returns its dialog."""
+    card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
+        has=page.get_by_text(metric, exact=True)).first
+    card.scroll_into_view_if_needed()
+    card.hover()
+    card.locator("[data-component-id='fullscreen_button_chartcard']").click()
+    return page.get_by_role("dialog").first
 
 
 def close_assistant(page: Any) -> None:

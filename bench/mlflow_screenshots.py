@@ -162,36 +162,22 @@ def screenshots(url: str, experiment_id: str, parent_run_id: str, study_id: int,
                 page.get_by_role("link", name=variant, exact=True).first.wait_for()
             written.append(shot(page, out / "mlflow_runs_table.png"))
 
-            # The chart view, then its eval/perplexity chart enlarged.
+            # The chart view, then its perplexity charts enlarged: the curves, the curves after
+            # the warm-up, and the finals (one point per variant, on an axis that tells them
+            # apart); each legend names every variant.
             page.goto(compare)
             close_assistant(page)
-            card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
-                has=page.get_by_text("eval/perplexity", exact=True)).first
-            card.wait_for()
+            page.get_by_text("eval/perplexity", exact=True).first.wait_for()
             written.append(shot(page, out / "mlflow_compare_charts.png"))
-            card.hover()
-            card.locator("[data-component-id='fullscreen_button_chartcard']").click()
-            dialog = page.get_by_role("dialog").first
-            for variant in variants:  # the legend names every variant
-                dialog.get_by_text(variant, exact=False).first.wait_for()
-            written.append(shot(dialog, out / "mlflow_perplexity_chart.png"))
-            page.keyboard.press("Escape")
-            dialog = enlarge(page, "eval/perplexity_after_warmup")
-            for variant in variants:
-                dialog.get_by_text(f"{variant} (eval/perplexity_after_warmup)").first.wait_for()
-            written.append(shot(dialog, out / "mlflow_perplexity_after_warmup.png"))
-            page.keyboard.press("Escape")
-
-            # The final perplexities, one point per variant, on an axis that tells them apart.
-            card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
-                has=page.get_by_text("final/eval_perplexity", exact=True)).first
-            card.hover()
-            card.locator("[data-component-id='fullscreen_button_chartcard']").click()
-            dialog = page.get_by_role("dialog").first
-            for variant in variants:
-                dialog.get_by_text(f"{variant} (final/eval_perplexity)").first.wait_for()
-            written.append(shot(dialog, out / "mlflow_final_perplexity.png"))
-            page.keyboard.press("Escape")
+            for metric, image in (("eval/perplexity", "mlflow_perplexity_chart.png"),
+                                  ("eval/perplexity_after_warmup",
+                                   "mlflow_perplexity_after_warmup.png"),
+                                  ("final/eval_perplexity", "mlflow_final_perplexity.png")):
+                dialog = enlarge(page, metric)
+                for variant in variants:
+                    dialog.get_by_text(f"{variant} ({metric})").first.wait_for()
+                written.append(shot(dialog, out / image))
+                page.keyboard.press("Escape")
 
             # The parent run: its description links the comparison; its artifacts the report.
             page.goto(f"{url}/#/experiments/{experiment_id}/runs/{parent_run_id}")

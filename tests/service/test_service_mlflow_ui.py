@@ -88,15 +88,6 @@ def assert_headline_first(sections: list[str]) -> None:
     assert max(sections.index(name) for name in HEADLINE) < min(per_layer), sections
 
 
-def fullscreen_chart(page, metric: str):
-    """The chart card of `metric`, enlarged; returns its dialog."""
-    card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
-        has=page.get_by_text(metric, exact=True)).first
-    card.hover()
-    card.locator("[data-component-id='fullscreen_button_chartcard']").click()
-    return page.get_by_role("dialog").first
-
-
 @pytest.mark.timeout(240)
 def test_compare_link_shows_five_variants_and_readable_final_perplexities(tmp_path, tracking_uri,
                                                                            chromium):
@@ -118,12 +109,12 @@ def test_compare_link_shows_five_variants_and_readable_final_perplexities(tmp_pa
             page.get_by_role("link", name="rigl", exact=True).first.wait_for()
             assert "Traces\n0" not in page.inner_text("body")
             compare_sections = chart_sections(page)
-            curves = fullscreen_chart(page, "eval/perplexity")
+            curves = bench.enlarge(page, "eval/perplexity")
             for variant in FINAL_PPL:
                 curves.get_by_text(f"{variant} (eval/perplexity)").wait_for()
             curves_text = curves.inner_text()
             page.keyboard.press("Escape")
-            finals = fullscreen_chart(page, "final/eval_perplexity")
+            finals = bench.enlarge(page, "final/eval_perplexity")
             for variant in FINAL_PPL:
                 finals.get_by_text(f"{variant} (final/eval_perplexity)").wait_for()
             finals_text = finals.inner_text()

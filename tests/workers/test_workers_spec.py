@@ -104,10 +104,12 @@ optimizer:
 @pytest.mark.parametrize("rate", [
     "3.0e-3",
     "{scheduler: Linear, initial_learning_rate: 1.0e-3, end_learning_rate: 0.0, total_iters: 9}",
-    "[{scheduler: CosineDecay, initial_learning_rate: 1.0e-3, end_learning_rate: 0.0, total_iters: 9}]",
+    "[{scheduler: CosineDecay, initial_learning_rate: 1.0e-3, end_learning_rate: 0.0,"
+    " total_iters: 9}]",
 ])
 def test_no_warmup_without_a_rising_first_phase(rate):
-    assert warmup_steps(JobSpec.from_yaml(f"optimizer: {{learning_rate: {rate}}}").optimizer.learning_rate) == 0
+    spec = JobSpec.from_yaml(f"optimizer: {{learning_rate: {rate}}}")
+    assert warmup_steps(spec.optimizer.learning_rate) == 0
     expo = SchedulerSpec(scheduler="Exponential", initial_learning_rate=1.0, decay_rate=0.5,
                          total_iters=10, staircase=True)
     assert [expo.rate(s) for s in (0, 9, 10, 25)] == [1.0, 1.0, 0.5, 0.25]

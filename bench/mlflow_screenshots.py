@@ -9,8 +9,14 @@ experiment in Debian's Chromium (`apt-get install -y chromium`) driven by Playwr
   per variant, best eval perplexity first;
 - mlflow_compare_charts.png: the same link as opened (chart view): runs list and charts;
 - mlflow_perplexity_chart.png: its eval/perplexity chart enlarged, one line per variant;
+- mlflow_perplexity_after_warmup.png: its eval/perplexity_after_warmup chart enlarged: the
+  same lines from the first evaluation after the LR warm-up, on an axis of the late values;
 - mlflow_final_perplexity.png: its final/eval_perplexity chart enlarged, one point per variant;
-- mlflow_parent_run.png: the parent run's page (its description links the comparison).
+- mlflow_parent_run.png: the parent run's page (its description links the comparison);
+- mlflow_run_metrics.png: a RigL variant's "Model metrics" tab: the headline sections (eval,
+  final, ...) on top;
+- mlflow_layer_sparsity.png: the same tab scrolled to the per-layer section
+  (`weights/sparsity`, one chart per layer under its short name).
 
     .venv/bin/python bench/mlflow_screenshots.py --out docs/images
 
@@ -50,8 +56,12 @@ def tiny_study(steps: int) -> dict[str, Any]:
                         "max_sequence_length": 64, "shuffle": True},
         "eval_input": {"batch_size": 8, "max_sequence_length": 64},
         "model": {"preset": "tiny"},
-        "optimizer": {"optimizer_type": "AdamW", "learning_rate": 3.0e-3, "weight_decay": 0.1,
-                      "max_gradient_norm": 1.0},
+        # a warm-up, as the reference study has: eval/perplexity_after_warmup starts after it
+        "optimizer": {"optimizer_type": "AdamW", "weight_decay": 0.1, "max_gradient_norm": 1.0,
+                      "learning_rate": [
+                          {"scheduler": "Linear", "initial_learning_rate": 0.0,
+                           "end_learning_rate": 3.0e-3, "total_iters": max(1, steps // 8)},
+                          {"scheduler": "Constant", "learning_rate": 3.0e-3}]},
         "runconfig": {"max_steps": steps, "eval_frequency": max(1, steps // 8), "eval_steps": 2,
                       "log_steps": max(1, steps // 16), "seed": 0, "num_csx": 1,
                       "mlflow_experiment": "csx-screenshot-study"},
@@ -128,7 +138,7 @@ def start_mlflow_server(tracking_uri: str, log: Path) -> tuple[subprocess.Popen,
 
 
 def screenshots(url: str, experiment_id: str, parent_run_id: str, study_id: int,
-                variants: list[str], out: Path) -> list[Path]:
+                variants: dict[str, str], out: Path) -> list[Path]:
     """Open the study in Chromium as a user would and save what they see."""
     from playwright.sync_api import sync_playwright
 
@@ -152,41 +162,51 @@ def screenshots(url: str, experiment_id: str, parent_run_id: str, study_id: int,
                 page.get_by_role("link", name=variant, exact=True).first.wait_for()
             written.append(shot(page, out / "mlflow_runs_table.png"))
 
-            # The chart view, then its eval/perplexity chart enlarged.
+            # The chart view, then its perplexity charts enlarged: the curves, the curves after
+            # the warm-up, and the finals (one point per variant, on an axis that tells them
+            # apart); each legend names every variant.
             page.goto(compare)
             close_assistant(page)
-            card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
-                has=page.get_by_text("eval/perplexity", exact=True)).first
-            card.wait_for()
+            page.get_by_text("eval/perplexity", exact=True).first.wait_for()
             written.append(shot(page, out / "mlflow_compare_charts.png"))
-            card.hover()
-            card.locator("[data-component-id='fullscreen_button_chartcard']").click()
-            dialog = page.get_by_role("dialog").first
-            for variant in variants:  # the legend names every variant
-                dialog.get_by_text(variant, exact=False).first.wait_for()
-            written.append(shot(dialog, out / "mlflow_perplexity_chart.png"))
-            page.keyboard.press("Escape")
-
-            # The final perplexities, one point per variant, on an axis that tells them apart.
-            card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
-                has=page.get_by_text("final/eval_perplexity", exact=True)).first
-            card.hover()
-            card.locator("[data-component-id='fullscreen_button_chartcard']").click()
-            dialog = page.get_by_role("dialog").first
-            for variant in variants:
-                dialog.get_by_text(f"{variant} (final/eval_perplexity)").first.wait_for()
-            written.append(shot(dialog, out / "mlflow_final_perplexity.png"))
-            page.keyboard.press("Escape")
+            for metric, image in (("eval/perplexity", "mlflow_perplexity_chart.png"),
+                                  ("eval/perplexity_after_warmup",
+                                   "mlflow_perplexity_after_warmup.png"),
+                                  ("final/eval_perplexity", "mlflow_final_perplexity.png")):
+                dialog = enlarge(page, metric)
+                for variant in variants:
+                    dialog.get_by_text(f"{variant} ({metric})").first.wait_for()
+                written.append(shot(dialog, out / image))
+                page.keyboard.press("Escape")
 
             # The parent run: its description links the comparison; its artifacts the report.
             page.goto(f"{url}/#/experiments/{experiment_id}/runs/{parent_run_id}")
             close_assistant(page)
             page.get_by_text("Compare the variants").first.wait_for()
             written.append(shot(page, out / "mlflow_parent_run.png"))
+
+            # A variant's own charts: headline sections first, per-layer ones after them.
+            page.goto(f"{url}/#/experiments/{experiment_id}/runs/{variants['rigl']}/model-metrics")
+            close_assistant(page)
+            page.get_by_text("eval/perplexity", exact=False).first.wait_for()
+            written.append(shot(page, out / "mlflow_run_metrics.png"))
+            section = page.get_by_text("weights/sparsity", exact=True).first
+            section.evaluate("e => e.scrollIntoView({block: 'start'})")
+            written.append(shot(page, out / "mlflow_layer_sparsity.png"))
             browser.close()
     finally:
         shutil.rmtree(profile, ignore_errors=True)
     return written
+
+
+def enlarge(page: Any, metric: str) -> Any:
+    """Open `metric`'s chart card full screen; returns its dialog."""
+    card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
+        has=page.get_by_text(metric, exact=True)).first
+    card.scroll_into_view_if_needed()
+    card.hover()
+    card.locator("[data-component-id='fullscreen_button_chartcard']").click()
+    return page.get_by_role("dialog").first
 
 
 def close_assistant(page: Any) -> None:
@@ -238,12 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     client = MlflowClient(tracking_uri)
     experiment = client.get_experiment_by_name("csx-screenshot-study")
     parent = client.search_runs([experiment.experiment_id], "tags.`csx.role` = 'study'")[0]
-    variants = [r.info.run_name for r in client.search_runs(
-        [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")]
+    variants = {r.info.run_name: r.info.run_id for r in client.search_runs(
+        [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}
     server, url = start_mlflow_server(tracking_uri, state / "mlflow-server.log")
     try:
         for path in screenshots(url, experiment.experiment_id, parent.info.run_id,
-                                int(parent.data.tags["csx.study_id"]), sorted(variants),
+                                int(parent.data.tags["csx.study_id"]), variants,
                                 args.out):
             print(f"wrote {path}")
     finally:

@@ -172,6 +172,15 @@ def check_sequence(schedulers: list[SchedulerSpec]) -> None:
                              "a scheduler followed by another must say how many steps it runs")
 
 
+def warmup_steps(rate: LearningRate) -> int:
+    """The steps of a leading linear ramp-up (ModelZoo's warm-up phase); 0 without one."""
+    first = rate[0] if isinstance(rate, list) else rate
+    if (isinstance(first, SchedulerSpec) and scheduler_key(first.scheduler) == "linear"
+            and first.value("end_learning_rate") > first.value("initial_learning_rate")):
+        return first.value("total_iters")
+    return 0
+
+
 def learning_rate_at(rate: LearningRate, step: int) -> float:
     """The learning rate of optimizer step ``step`` (0-based: the first step uses step 0)."""
     if isinstance(rate, (int, float)):

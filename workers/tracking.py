@@ -12,11 +12,12 @@ and its Ray workers, which may run in other directories, write to the same store
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,22 @@ MODEL_TRAINING = "custom_model_development"
 # point is a bar per run in MLflow's chart view, where final values a few tenths apart differ
 # visibly (on a shared line chart they overlap at the end of curves spanning tens of units).
 FINAL_METRICS = ("eval/perplexity", "eval/loss", "train/loss")
+# MLflow 3 groups charts into sections by a metric's name up to its last "/" and orders the
+# sections by plain string comparison ("eval" < "final" < "perf" < "sparsity" < "train"), on a
+# run's page and in the chart view alike. The per-layer levels (`sparsity/<param>/actual` and
+# `/target` from the library) are logged under `weights/...`, which sorts after every headline
+# section, in one section per kind with a short layer name as the chart title
+# (`weights/sparsity/L03.attn.q`); `layer_names.json` maps the short names back.
+LAYER_METRICS = {"actual": "weights/sparsity/", "target": "weights/target/"}
+LAYER_NAMES_FILE = "layer_names.json"
+# How a parameter name shortens: (pattern, replacement), applied in order.
+_SHORT_NAME_RULES = (
+    (re.compile(r"\.weight$"), ""),
+    (re.compile(r"^transformer_decoder\.layers\.(\d+)\."), lambda m: f"L{int(m[1]):02d}."),
+    (re.compile(r"self_attn\.proj_(\w+?)_dense_layer"), r"attn.\1"),
+    (re.compile(r"ffn\.ffn\.(\d+)\.linear_layer_for_glu"), r"ffn\1.glu"),
+    (re.compile(r"ffn\.ffn\.(\d+)\.linear_layer"), r"ffn\1"),
+)
 
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
@@ -272,6 +289,30 @@ def sparsity_params(section: Any) -> dict[str, Any]:
     }
 
 
+def short_layer_name(name: str) -> str:
+    """"transformer_decoder.layers.3.self_attn.proj_q_dense_layer.weight" -> "L03.attn.q";
+    a name no rule matches stays as it is."""
+    for pattern, replacement in _SHORT_NAME_RULES:
+        name = pattern.sub(replacement, name)
+    return name
+
+
+def layer_display_names(names: Iterable[str]) -> dict[str, str]:
+    """Full parameter name -> the name its charts show: the short names, unless two layers
+    would share one, then the full names."""
+    shorts = {name: short_layer_name(name) for name in names}
+    distinct = len(set(shorts.values())) == len(shorts)
+    return shorts if distinct else {name: name for name in shorts}
+
+
+def split_layer_metric(key: str) -> tuple[str, str] | None:
+    """"sparsity/<param>/actual" -> ("<param>", "actual"); None for any other metric."""
+    if not key.startswith("sparsity/"):
+        return None
+    name, _, kind = key.removeprefix("sparsity/").rpartition("/")
+    return (name, kind) if name and kind in LAYER_METRICS else None
+
+
 def pack_masks(masks: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
     """Bit-packed masks plus their shapes, the arrays stored in `masks.npz`."""
     arrays: dict[str, np.ndarray] = {}
@@ -320,6 +361,7 @@ class Tracker:
         # (key, step) already written to the run, by this tracker or an earlier attempt: a
         # retry re-runs the steps after its checkpoint, and a metric has one value per step.
         self._logged: set[tuple[str, int]] = set()
+        self._layer_names: dict[str, str] = {}  # full parameter name -> its charts' name
         if attached:
             self._load_logged()
         self._heatmaps = HeatmapWriter()
@@ -341,10 +383,10 @@ class Tracker:
         """Buffer metrics; they are written 1000 at a time, every 10 s, and at `finish`.
 
         A key already logged at `step` is skipped (the first value stands), so no history
-        holds two points for one step.
+        holds two points for one step. Per-layer levels are renamed (`LAYER_METRICS`).
         """
         timestamp = int(time.time() * 1000)
-        for key, value in metrics.items():
+        for key, value in self._chart_names(metrics).items():
             if (key, int(step)) in self._logged:
                 continue
             self._logged.add((key, int(step)))
@@ -354,6 +396,21 @@ class Tracker:
         if len(self._pending) >= MAX_METRICS_PER_BATCH or (
                 time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S):
             self.flush()
+
+    def _chart_names(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """`sparsity/<param>/actual` -> `weights/sparsity/<short name>`, target likewise. The
+        names are fixed by the first call that logs layers (every call logs all of them) and
+        written to `layer_names.json` (short -> full) whenever a layer is new."""
+        layers = {key: found for key in metrics if (found := split_layer_metric(key))}
+        new = {name for name, _ in layers.values()} - set(self._layer_names)
+        if new:
+            taken = set(self._layer_names.values())
+            for name, shown in layer_display_names(new).items():
+                self._layer_names[name] = name if shown in taken else shown
+            self.log_text(json.dumps({shown: name for name, shown in self._layer_names.items()},
+                                     indent=1, sort_keys=True), LAYER_NAMES_FILE)
+        return {LAYER_METRICS[layers[key][1]] + self._layer_names[layers[key][0]]
+                if key in layers else key: value for key, value in metrics.items()}
 
     def flush(self) -> None:
         """Write every buffered metric."""

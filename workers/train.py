@@ -36,8 +36,10 @@ from workers.hdf5 import HDF5BatchSampler
 from workers.job import build_sparse_model, load_data, lr_lambda, make_optimizer, model_config
 from workers.perf import PerfProjector
 from csx_config import JobSpec
+from csx_config.schedulers import warmup_steps
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")
+AFTER_WARMUP = "eval/perplexity_after_warmup"
 AllReduce = Callable[[list[torch.Tensor]], None]
 
 
@@ -367,6 +369,11 @@ def _sparsity_metrics(alg: Any, step: int) -> dict[str, float]:
 
 
 def _record_eval(run: Run, metrics: dict[str, float], summary: dict[str, Any], log: _MetricLog) -> None:
+    """Log an evaluation; past a warm-up also as `AFTER_WARMUP`, a chart whose axis spans the
+    perplexities that tell variants apart, not the hundreds of the first steps."""
+    warmup = warmup_steps(run.spec.optimizer.learning_rate)
+    if warmup and run.step - run.phase_start > warmup:
+        metrics = {**metrics, AFTER_WARMUP: metrics["eval/perplexity"]}
     run.best_eval_loss = min(run.best_eval_loss, metrics["eval/loss"])
     summary["eval_history"].append({"step": run.step, "loss": metrics["eval/loss"],
                                     "perplexity": metrics["eval/perplexity"]})

@@ -56,19 +56,36 @@ def log_study(uri: str) -> str:
                                   "csx.variant": variant,
                                   "mlflow.runColor": VARIANT_COLOURS[index]})
         tracker = Tracker("ui-study", run_id=run_id, tracking_uri=uri)
+        level = 0.0 if variant == "dense" else 0.8
         for step in range(0, 101, 10):
-            tracker.log_metrics({"eval/perplexity": final + 250 * 0.6 ** step}, step=step)
+            tracker.log_metrics({"eval/perplexity": final + 250 * 0.6 ** step,
+                                 "train/loss": 2 + 3 * 0.6 ** step, "sparsity/global": level,
+                                 "perf/sim_step_ms": 1.0 - level / 2, "lr": 1e-3}, step=step)
+            if level:  # what the library's alg.metrics() gives, as train() hands it over
+                tracker.log_metrics({f"sparsity/{layer}/{kind}": level for layer in LAYERS
+                                     for kind in ("target", "actual")}, step=step)
         tracker.finish()
     return MlflowClient(uri).get_experiment_by_name("ui-study").experiment_id
 
 
-def fullscreen_chart(page, metric: str):
-    """The chart card of `metric`, enlarged; returns its dialog."""
-    card = page.locator("[data-testid='experiment-view-compare-runs-card']").filter(
-        has=page.get_by_text(metric, exact=True)).first
-    card.hover()
-    card.locator("[data-component-id='fullscreen_button_chartcard']").click()
-    return page.get_by_role("dialog").first
+LAYERS = [f"transformer_decoder.layers.{i}.{part}.weight" for i in range(2) for part in (
+    "self_attn.proj_q_dense_layer", "self_attn.proj_output_dense_layer",
+    "ffn.ffn.0.linear_layer_for_glu", "ffn.ffn.1.linear_layer")]
+HEADLINE = ("eval", "final", "perf", "sparsity", "train")
+
+
+def chart_sections(page) -> list[str]:
+    """The chart sections' headings in page order ("eval (2)" reads "eval\n(2)")."""
+    page.get_by_text("weights/sparsity", exact=True).first.wait_for()
+    return re.findall(r"^(\S+)\n\(\d+\)$", page.inner_text("body"), flags=re.MULTILINE)
+
+
+def assert_headline_first(sections: list[str]) -> None:
+    """eval/perplexity's section on top; every headline section before any per-layer one."""
+    assert sections[0] == "eval", sections
+    per_layer = [i for i, name in enumerate(sections) if name.startswith("weights/")]
+    assert [sections[i] for i in per_layer] == ["weights/sparsity", "weights/target"], sections
+    assert max(sections.index(name) for name in HEADLINE) < min(per_layer), sections
 
 
 @pytest.mark.timeout(240)
@@ -91,19 +108,34 @@ def test_compare_link_shows_five_variants_and_readable_final_perplexities(tmp_pa
             # the link opens the runs of a model-training experiment, not the GenAI overview
             page.get_by_role("link", name="rigl", exact=True).first.wait_for()
             assert "Traces\n0" not in page.inner_text("body")
-            curves = fullscreen_chart(page, "eval/perplexity")
+            compare_sections = chart_sections(page)
+            curves = bench.enlarge(page, "eval/perplexity")
             for variant in FINAL_PPL:
                 curves.get_by_text(f"{variant} (eval/perplexity)").wait_for()
             curves_text = curves.inner_text()
             page.keyboard.press("Escape")
-            finals = fullscreen_chart(page, "final/eval_perplexity")
+            finals = bench.enlarge(page, "final/eval_perplexity")
             for variant in FINAL_PPL:
                 finals.get_by_text(f"{variant} (final/eval_perplexity)").wait_for()
             finals_text = finals.inner_text()
+            page.keyboard.press("Escape")
+            # a variant's own page: the same sections, per-layer charts titled by short names
+            rigl = MlflowClient(tracking_uri).search_runs(
+                [experiment_id], "attributes.run_name = 'rigl'")[0].info.run_id
+            page.goto(f"{url}/#/experiments/{experiment_id}/runs/{rigl}/model-metrics")
+            run_sections = chart_sections(page)
+            # charts draw when scrolled to: the per-layer section's
+            page.get_by_text("weights/sparsity", exact=True).first.scroll_into_view_if_needed()
+            title = page.get_by_text("L01.attn.output", exact=True).first
+            title.wait_for()
+            title_fits = title.evaluate("e => e.scrollWidth <= e.clientWidth")
             browser.close()
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+    assert_headline_first(compare_sections)
+    assert_headline_first(run_sections)
+    assert title_fits, "the per-layer chart's title is cut off"
     assert "the-parent" not in curves_text + finals_text
     assert all(curves_text.count(f"{v} (eval/perplexity)") == 1 for v in FINAL_PPL), curves_text
     # The one-point final chart spans only the finals (6.28 to 6.88), with ticks a tenth

@@ -19,6 +19,7 @@ from service.schemas import StudyReport
 from service.settings import Settings
 from service.studies import compare_link, study_figures
 from workers.plots import axes_hold_data
+from workers.tracking import LAYER_METRICS
 from service_helpers import make_token, wait_for
 
 ALGORITHMS = ["dense", "static", "set", "rigl", "granet"]
@@ -132,7 +133,7 @@ def check_variant_runs(mlflow: MlflowClient, study: dict, jobs: list[dict]) -> N
     granet = mlflow.get_run(jobs[ALGORITHMS.index("granet")]["mlflow_run_id"])
     assert granet.data.params["sparsity.init_sparsity"] == "0.5"
     assert granet.data.params["sparsity.drop_fraction.half_period"] == "12"
-    targets = [k for k in granet.data.metrics if k.endswith("/target")]
+    targets = [k for k in granet.data.metrics if k.startswith(LAYER_METRICS["target"])]
     assert targets
     for key in targets:  # the cubic schedule from 50% to 80%, not the levels pruning reached
         points = dict((m.step, m.value) for m in mlflow.get_metric_history(
@@ -145,7 +146,7 @@ def check_parent_run(mlflow: MlflowClient, study: dict) -> None:
     description linking the chart view of exactly this study's variants."""
     parent = mlflow.get_run(study["mlflow_run_id"])
     assert parent.info.run_name == "five" and parent.data.tags["csx.study_id"] == str(study["id"])
-    per_step = ("train/", "eval/", "sparsity/", "perf/", "host/", "mask/", "lr")
+    per_step = ("train/", "eval/", "sparsity/", "weights/", "perf/", "host/", "mask/", "lr")
     assert not [k for k in parent.data.metrics if k.startswith(per_step)]
     # The report was requested twice (JSON, then PNG): its summary metrics are logged once.
     summary_keys = [k for k in parent.data.metrics if k.startswith("final_ppl_mean/")]

@@ -5,9 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlparse
 
+import json
+import re
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from mlflow import MlflowClient
 from PIL import Image
 
@@ -21,6 +26,7 @@ from workers.plots import (
     tradeoff_figure,
 )
 from workers.tracking import (
+    LAYER_NAMES_FILE,
     PARENT_RUN_TAG,
     Tracker,
     cli_run_name,
@@ -29,6 +35,7 @@ from workers.tracking import (
     end_run,
     flatten_params,
     job_params,
+    layer_display_names,
     pack_masks,
     resolve_tracking_uri,
     run_params,
@@ -356,3 +363,59 @@ def test_a_finished_run_logs_its_final_values_once_as_bar_metrics(tracking_uri):
     failed.log_metrics({"eval/perplexity": 9.0}, step=5)
     failed.finish("FAILED")  # a failed run has no final value to compare
     assert "final/eval_perplexity" not in failed.client.get_run(failed.run_id).data.metrics
+
+
+LAYERS = [f"transformer_decoder.layers.{i}.{part}.weight" for i in (0, 11) for part in (
+    "self_attn.proj_q_dense_layer", "self_attn.proj_output_dense_layer",
+    "ffn.ffn.0.linear_layer_for_glu", "ffn.ffn.0.linear_layer", "ffn.ffn.1.linear_layer")]
+
+
+def test_layer_levels_are_charted_after_the_headline_sections_under_short_names(tracking_uri):
+    """MLflow 3 sections charts by the name up to its last "/" and sorts the sections as plain
+    strings: every per-layer chart must sort after every headline one, target apart from
+    actual, with a title that fits a chart card; layer_names.json maps the titles back."""
+    tracker = Tracker("layers", tracking_uri=tracking_uri)
+    levels = {f"sparsity/{name}/{kind}": 0.8 for name in LAYERS for kind in ("target", "actual")}
+    headline = {"eval/perplexity": 9.0, "train/loss": 2.0, "sparsity/global": 0.8,
+                "perf/sim_step_ms": 1.0, "mask/churn": 0.1}
+    tracker.log_metrics({**levels, **headline}, step=0)
+    tracker.log_metrics(levels, step=5)
+    tracker.finish()
+    logged = set(tracker.client.get_run(tracker.run_id).data.metrics)
+    assert not [key for key in logged if key.startswith("sparsity/transformer_decoder")]
+    sections = {key.rpartition("/")[0] for key in logged}
+    per_layer = {key.rpartition("/")[0] for key in logged if key.startswith("weights/")}
+    assert per_layer == {"weights/sparsity", "weights/target"}
+    assert max(sections - per_layer) < min(per_layer), sorted(sections)
+    assert "weights/sparsity/L11.attn.q" in logged and "weights/target/L00.ffn0.glu" in logged
+    assert max(len(key) for key in logged if key.startswith("weights/")) <= 32
+    assert len(tracker.history("weights/sparsity/L00.ffn1")) == 2  # one point per step
+    mapping = json.loads(Path(tracker.client.download_artifacts(
+        tracker.run_id, LAYER_NAMES_FILE)).read_text())
+    assert sorted(mapping.values()) == sorted(LAYERS)
+    assert {f"weights/sparsity/{short}" for short in mapping} <= logged
+
+
+def test_a_retry_charts_the_layers_under_the_same_names(tracking_uri):
+    first = Tracker("layers", tracking_uri=tracking_uri)
+    first.log_metrics({f"sparsity/{LAYERS[0]}/actual": 0.5}, step=0)
+    first.flush()
+    retry = Tracker("layers", run_id=first.run_id, tracking_uri=tracking_uri)
+    retry.log_metrics({f"sparsity/{LAYERS[0]}/actual": 0.7}, step=0)  # a step it re-runs
+    retry.log_metrics({f"sparsity/{LAYERS[0]}/actual": 0.8}, step=5)
+    retry.flush()
+    history = retry.client.get_metric_history(first.run_id, "weights/sparsity/L00.attn.q")
+    assert [(m.step, m.value) for m in history] == [(0, 0.5), (5, 0.8)]
+
+
+PARTS = st.sampled_from(["transformer_decoder", "layers", "0", "3", "03", "L03", "self_attn",
+                         "proj_q_dense_layer", "attn", "q", "ffn", "ffn0", "linear_layer",
+                         "linear_layer_for_glu", "glu", "weight"])
+
+
+@given(st.sets(st.lists(PARTS, min_size=1, max_size=6).map(".".join), max_size=12))
+def test_layer_display_names_never_merge_two_layers(names):
+    shown = layer_display_names(names)
+    assert set(shown) == names
+    assert len(set(shown.values())) == len(names)
+    assert all(re.fullmatch(r"[\w.]+", name) for name in shown.values())

@@ -8,8 +8,8 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from csx_config.schedulers import SchedulerSpec, learning_rate_at
 from csx_config import JobSpec, with_overrides
+from csx_config.schedulers import SchedulerSpec, learning_rate_at, warmup_steps
 
 
 def _error_locations(text):
@@ -98,6 +98,18 @@ optimizer:
     assert [learning_rate_at(warmup_cosine, s) for s in (0, 5, 10)] == pytest.approx([0.0, 5e-4, 1e-3])
     assert learning_rate_at(warmup_cosine, 55) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
     assert learning_rate_at(warmup_cosine, 100) == learning_rate_at(warmup_cosine, 500) == pytest.approx(1e-4)
+    assert warmup_steps(warmup_cosine) == 10
+
+
+@pytest.mark.parametrize("rate", [
+    "3.0e-3",
+    "{scheduler: Linear, initial_learning_rate: 1.0e-3, end_learning_rate: 0.0, total_iters: 9}",
+    "[{scheduler: CosineDecay, initial_learning_rate: 1.0e-3, end_learning_rate: 0.0,"
+    " total_iters: 9}]",
+])
+def test_no_warmup_without_a_rising_first_phase(rate):
+    spec = JobSpec.from_yaml(f"optimizer: {{learning_rate: {rate}}}")
+    assert warmup_steps(spec.optimizer.learning_rate) == 0
     expo = SchedulerSpec(scheduler="Exponential", initial_learning_rate=1.0, decay_rate=0.5,
                          total_iters=10, staircase=True)
     assert [expo.rate(s) for s in (0, 9, 10, 25)] == [1.0, 1.0, 0.5, 0.25]

@@ -1,16 +1,18 @@
 """The training loop: exact resume in a fresh process, determinism, modes, tracker calls."""
 
+import math
 import shutil
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from workers.checkpoint import list_checkpoints, load_checkpoint
 from csx_config import JobSpec
-from workers.train import train
+from workers.train import AFTER_WARMUP, _MetricLog, _record_eval, train
 
 torch.set_num_threads(1)  # the fresh process below uses one thread too: same float reductions
 
@@ -81,7 +83,8 @@ def test_tracker_gets_design_metric_names(reference):
     _, _, tracker = reference
     logged = set().union(*tracker.metrics.values())
     for name in ("train/loss", "lr", "eval/loss", "eval/perplexity", "sparsity/global",
-                 "sparsity/transformer_decoder.layers.0.ffn.ffn.0.linear_layer_for_glu.weight/actual", "mask/churn", "mask/itop_rate",
+                 "sparsity/transformer_decoder.layers.0.ffn.ffn.0.linear_layer_for_glu.weight/actual",
+                 "mask/churn", "mask/itop_rate",
                  "perf/sim_step_ms", "perf/speedup_vs_dense", "perf/scaling_efficiency",
                  "perf/sim_tokens_per_s", "host/tokens_per_s"):
         assert name in logged, name
@@ -90,6 +93,22 @@ def test_tracker_gets_design_metric_names(reference):
     assert sorted(tracker.metrics) == [0, 5, 10, 15, 20]
     assert [step for step, _ in tracker.mask_updates] == [0, 5, 10, 15]
     assert "mask/churn" not in tracker.metrics[20]  # no update at 20: no stale churn
+
+
+def test_perplexity_after_warmup_repeats_the_evaluations_past_the_warmup(reference):
+    """SPEC warms up for 4 steps and evaluates at 10 and 20: both past it."""
+    _, summary, tracker = reference
+    after = {step: m[AFTER_WARMUP] for step, m in tracker.metrics.items() if AFTER_WARMUP in m}
+    assert after == {e["step"]: e["perplexity"] for e in summary["eval_history"]}
+
+
+def test_no_perplexity_after_warmup_until_the_warmup_is_over():
+    tracker, summary = FakeTracker(), {"eval_history": []}
+    run = SimpleNamespace(spec=JobSpec.from_yaml(SPEC), phase_start=0, best_eval_loss=math.inf)
+    for run.step in (2, 4, 5):  # SPEC warms up for 4 steps
+        _record_eval(run, {"eval/loss": 2.0, "eval/perplexity": 7.4}, summary, _MetricLog(tracker))
+    assert [step for step, m in sorted(tracker.metrics.items()) if AFTER_WARMUP in m] == [5]
+    assert sorted(tracker.metrics) == [2, 4, 5]
 
 
 def test_resume_in_fresh_process_is_bit_identical(reference, tmp_path):

@@ -5,7 +5,7 @@ One `uvicorn service.main:app` (which starts its own Ray head) on a fresh databa
 (CSX_CLUSTER_SIZE=1). The spec is examples/rigl.yaml made short: a few hundred tiny-preset steps,
 a checkpoint every CHECKPOINT_STEPS, RigL mask updates every 10 steps, and `sparse_kernel:
 dense` (the "auto" kernel is chosen by timing in each process, so only a fixed kernel can resume
-bit-identically; workers/spec.py).
+bit-identically; csx_config/sections.py).
 
 1. The spec runs uninterrupted to SUCCEEDED: the reference final checkpoint.
 2. The same spec again: once past its first checkpoint, the CsxWorker actor's process is

@@ -71,6 +71,10 @@ class Run:
 
 
 def _build(spec: JobSpec, model_dir: Path, rank: int, world_size: int) -> Run:
+    # Dropout draws from the global generator, which torch seeds at random in every process:
+    # seeded per run and replica, the same seed gives the same losses (a resume then restores
+    # the checkpoint's generator state over this one).
+    torch.manual_seed(spec.runconfig.seed * 1_000_003 + rank)
     data = load_data(spec, model_dir, rank=rank, world_size=world_size, save_tokenizer_file=rank == 0)
     config = model_config(spec, data.vocab_size, data.sampler.seq_len)
     model, alg = build_sparse_model(spec, config)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from service.api.body import nest_params
 from service.schemas import StudyCreate
 from service.studies import study_jobs, variant_spec
-from workers.schedulers import learning_rate_at
+from csx_config.schedulers import learning_rate_at
 
 BLOG_YAML = Path(__file__).resolve().parents[2] / "examples" / "study_blog.yaml"
 WARMUP_COSINE = [

@@ -148,6 +148,17 @@ def test_same_seed_same_losses_and_masks(reference, tmp_path):
     assert other["mask_hashes"][0][1] != summary["mask_hashes"][0][1]
 
 
+def test_same_seed_same_losses_with_dropout(tmp_path):
+    """Dropout draws from the global generator: each run seeds it from runconfig.seed, so what
+    ran before in the process does not change the losses."""
+    spec = JobSpec.from_yaml(SPEC.replace("max_steps: 20", "max_steps: 3").replace(
+        "model: {preset: tiny}", "model: {preset: tiny, dropout_rate: 0.1}"))
+    first = train(spec, model_dir=str(tmp_path / "a"), mode="train")["train_losses"]
+    torch.rand(1000)  # other work in the same process moves the global generator on
+    second = train(spec, model_dir=str(tmp_path / "b"), mode="train")["train_losses"]
+    assert first == second
+
+
 def test_eval_and_eval_all(reference):
     model_dir, summary, _ = reference
     every = train(JobSpec.from_yaml(SPEC), model_dir=str(model_dir), mode="eval_all")

@@ -1,6 +1,6 @@
 """`csx serve | token | submit | study`: registered into workers/cli.py's parser lazily.
 
-    csx serve [--host 127.0.0.1] [--port 8000] [--dev-token] [--paused]
+    csx serve [--host 127.0.0.1] [--port 8000] [--dev-token] [--paused] [--no-mlflow-ui]
     csx token create --name N [--admin]              # prints the secret once
     csx submit --params P.yaml [--num_csx N] [--mode M] [--name N] [--priority P]
     csx study --params P.yaml --name N --algorithms dense,static,set,rigl,granet --sparsity 0.9
@@ -28,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--dev-token", action="store_true", help="print a fresh admin token")
     serve.add_argument("--paused", action="store_true", help="queue jobs but start none")
+    serve.add_argument("--no-mlflow-ui", action="store_true",
+                       help="log straight into a SQLite CSX_MLFLOW_TRACKING_URI (its records then "
+                            "hold absolute artifact paths) instead of through an MLflow UI")
     serve.set_defaults(handler=serve_command)
 
     token = subparsers.add_parser("token", help="manage API tokens")
@@ -78,6 +81,7 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
 def serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from service.local_stack import MLFLOW_ARTIFACTS, StackError
     from service.main import create_app
     from service.settings import Settings
 
@@ -86,7 +90,29 @@ def serve_command(args: argparse.Namespace) -> int:
         overrides["dev_token"] = True
     if args.paused:
         overrides["paused"] = True
-    uvicorn.run(create_app(Settings(**overrides)), host=args.host, port=args.port)
+    settings = Settings(**overrides)
+    ui = None
+    if settings.mlflow_tracking_uri.startswith("sqlite:") and not args.no_mlflow_ui:
+        # Runs logged through the UI's artifact proxy record `mlflow-artifacts:/` locations, not
+        # absolute file:// paths: the store opens from a copy (README, "Comparing the variants").
+        from service.supervised import MlflowUI
+
+        store = Path(settings.mlflow_tracking_uri.removeprefix("sqlite:///"))
+        try:
+            ui = MlflowUI(store=store, url=settings.mlflow_ui_url,
+                          log_path=settings.runs_dir / "mlflow-ui.log")
+        except StackError as err:
+            print(f"csx serve: {err}", file=sys.stderr)
+            return 1
+        print(f"MLflow UI: {ui.url} (store {store}, artifacts {store.parent / MLFLOW_ARTIFACTS})",
+              flush=True)
+        settings = settings.model_copy(update={"mlflow_tracking_uri": ui.url,
+                                               "mlflow_ui_url": ui.url})
+    try:
+        uvicorn.run(create_app(settings), host=args.host, port=args.port)
+    finally:
+        if ui is not None:
+            ui.close()
     return 0
 
 

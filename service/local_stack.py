@@ -213,13 +213,13 @@ MLFLOW_STORE = "mlflow.db"
 MLFLOW_ARTIFACTS = "mlartifacts"
 
 
-def mlflow_ui_argv(state_dir: Path, port: int) -> list[str]:
-    """`mlflow ui` over a state folder's store, proxying its artifacts: runs record
-    `mlflow-artifacts:/<experiment>/<run>/artifacts`, which the server maps to
-    `<state_dir>/mlartifacts`, so the store holds no absolute path and survives a move."""
+def mlflow_ui_argv(store: Path, artifacts: Path, port: int) -> list[str]:
+    """`mlflow ui` over a SQLite store, proxying its artifacts: runs record
+    `mlflow-artifacts:/<experiment>/<run>/artifacts`, which the server maps to `artifacts`, so
+    the store holds no absolute path and survives a move."""
     return [sys.executable, "-m", "mlflow", "ui", "--host", HOST, "--port", str(port),
-            "--workers", "1", "--backend-store-uri", f"sqlite:///{state_dir / MLFLOW_STORE}",
-            "--serve-artifacts", "--artifacts-destination", str(state_dir / MLFLOW_ARTIFACTS)]
+            "--workers", "1", "--backend-store-uri", f"sqlite:///{store}",
+            "--serve-artifacts", "--artifacts-destination", str(artifacts)]
 
 
 @dataclass
@@ -265,9 +265,11 @@ class LocalStack:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         env = self._environment()
         # The UI before the service: it creates the MLflow schema, which the service would race.
-        ui = self._start("mlflow ui", mlflow_ui_argv(self.state_dir, self.ui_port), env)
+        ui = self._start("mlflow ui", mlflow_ui_argv(self.state_dir / MLFLOW_STORE,
+                                                     self.state_dir / MLFLOW_ARTIFACTS,
+                                                     self.ui_port), env)
         # Ray in a process of its own, joined by the service through RAY_ADDRESS (so the
-        # service does not start its own; service/ray_head.py).
+        # service does not start its own; service/supervised.py).
         ray = self._start("ray", [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
             "--port", str(self.ray_port), "--num-cpus", str(self.cluster_size),

@@ -49,7 +49,7 @@ Launcher = Callable[..., Handle]  # start_job's keyword signature
 
 class RayLauncher:
     """start_job on a Ray runtime sized for the whole cluster: RAY_ADDRESS's, else a local head
-    this launcher starts as a supervised child on the first launch (service/ray_head.py says
+    this launcher starts as a supervised child on the first launch (service/supervised.py says
     why not ray.init in a thread) and stops on `close()`."""
 
     def __init__(self, cluster_size: int, runs_dir: Path) -> None:
@@ -67,7 +67,7 @@ class RayLauncher:
             address = os.environ.get("RAY_ADDRESS")
             if not address and not ray.is_initialized():
                 if self._head is None:
-                    from service.ray_head import RayHead
+                    from service.supervised import RayHead
 
                     self._head = RayHead(num_cpus=self.cluster_size,
                                          log_path=self.runs_dir / "ray" / "head.log")

@@ -222,14 +222,22 @@ def test_a_copied_store_opens_with_the_readme_line_after_the_original_is_gone(tm
     import torch
     from mlflow import MlflowClient
 
-    from service.local_stack import StackProcess, free_port, mlflow_ui_argv, wait_until_up
+    from service.local_stack import (
+        MLFLOW_ARTIFACTS,
+        MLFLOW_STORE,
+        StackProcess,
+        free_port,
+        mlflow_ui_argv,
+        wait_until_up,
+    )
     from workers.tracking import Tracker
 
     env = reader_environment({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     original = tmp_path / "first" / ".csx"
     original.mkdir(parents=True)
     port = free_port()
-    ui = StackProcess.start("mlflow ui", mlflow_ui_argv(original, port), env=env,
+    ui = StackProcess.start("mlflow ui", mlflow_ui_argv(original / MLFLOW_STORE,
+                                                            original / MLFLOW_ARTIFACTS, port), env=env,
                             log_path=tmp_path / "first.log", cwd=original)
     try:
         wait_until_up(f"http://127.0.0.1:{port}/health", ui, timeout_s=120)

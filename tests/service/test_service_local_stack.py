@@ -22,7 +22,7 @@ from service.local_stack import (
     run_local_study,
     wait_for_line,
 )
-from service.ray_head import RayHead
+from service.supervised import MlflowUI, RayHead
 from service_helpers import (
     REPO_ROOT,
     kill_and_expect_nothing_left,
@@ -159,7 +159,7 @@ def test_die_with_parent_child_stops_when_its_parent_is_sigkilled(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_ray_head_stops_ray_when_its_watcher_is_killed(tmp_path, monkeypatch):
-    """Issue 12: SIGKILL of the `service.ray_head` watcher (a crash that takes the server's
+    """Issue 12: SIGKILL of the `service.supervised` watcher (a crash that takes the server's
     whole family) orphaned `ray start --head --block`, which lives in a session of its own."""
     monkeypatch.setenv("CSX_TEST_STATE", str(tmp_path))
     monkeypatch.chdir(REPO_ROOT)
@@ -174,3 +174,19 @@ def test_ray_head_stops_ray_when_its_watcher_is_killed(tmp_path, monkeypatch):
         head.close()
         for pid in processes_with_env(str(tmp_path)):  # a regression must not leak into the suite
             os.kill(pid, signal.SIGKILL)
+
+
+def test_mlflow_ui_of_csx_serve_refuses_an_address_it_cannot_serve(tmp_path):
+    """Before anything starts: a UI address off 127.0.0.1, without a port, or on a taken port
+    is a ValueError naming the setting or the port (the CLI prints it without a traceback)."""
+    for url in ("https://127.0.0.1:5000", "http://0.0.0.0:5000", "http://127.0.0.1"):
+        with pytest.raises(ValueError, match="CSX_MLFLOW_UI_URL"):
+            MlflowUI(store=tmp_path / "mlflow.db", url=url, log_path=tmp_path / "ui.log")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 is taken"):
+            MlflowUI(store=tmp_path / "mlflow.db", url=f"http://127.0.0.1:{port}",
+                     log_path=tmp_path / "ui.log")
+    assert not (tmp_path / "ui.log").exists()  # nothing was started

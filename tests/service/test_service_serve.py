@@ -1,5 +1,7 @@
 """Issue 12 item 1: `csx serve` by hand (local Ray, as the README's "by hand" section runs it)
 keeps scheduling after its first jobs end, and a `kill -9` of it leaves no Ray process behind.
+Issue 24 item 8: it logs through the MLflow UI it starts, so its store records no absolute
+artifact path, and that UI goes with it too.
 
 The bug: `ray.init` ran in a job's execution thread, and Ray ties gcs_server and raylet to the
 thread that forked them, so they were defunct as soon as that job's thread ended and the server
@@ -11,6 +13,7 @@ must be alive, and a third job must run to the end.
 from __future__ import annotations
 
 import os
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -52,6 +55,7 @@ def test_serve_runs_jobs_after_the_first_ones_end_and_leaves_nothing_when_killed
     env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}",
            "CSX_RUNS_DIR": str(tmp_path / "runs"), "CSX_CLUSTER_SIZE": "1",
            "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           "CSX_MLFLOW_UI_URL": f"http://127.0.0.1:{free_port()}",
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)  # the by-hand path: the service runs its own local Ray
     port = free_port()
@@ -87,6 +91,10 @@ def test_serve_runs_jobs_after_the_first_ones_end_and_leaves_nothing_when_killed
         assert all(state != "Z" for _, state in core), core
         run_job()
         assert http.get("/v1/healthz").json()["scheduler"] == "running"
+        with sqlite3.connect(tmp_path / "mlflow.db") as db:
+            uris = [row[0] for row in db.execute("select artifact_uri from runs")]
+        assert len(uris) == 3 and all(uri.startswith("mlflow-artifacts:/") for uri in uris), uris
+        assert (tmp_path / "mlartifacts").is_dir()
 
         # The Ray head watches the pipe from the server: everything it ran goes too, agents
         # (ray::DashboardAgent, ray::RuntimeEnvAgent) and workers included.

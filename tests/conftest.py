@@ -1,4 +1,5 @@
-"""Shared fixtures: one private Ray runtime per test session, a throwaway MLflow store."""
+"""Shared fixtures: one private Ray runtime per test session, a throwaway MLflow store; which
+tests share a pytest-xdist worker."""
 
 from __future__ import annotations
 
@@ -6,6 +7,22 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
+
+# `make test` runs two xdist workers (`-n 2 --dist loadgroup`); a group runs on one worker, in
+# order. Tests on the session's Ray runtime share it (one start, not two). The other slow tests
+# start Ray heads, servers and stacks of their own: one at a time, as before xdist, so at most
+# that one and the session runtime run at once. Every other test stays with its module (module
+# fixtures are built once).
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "ray_session" in item.fixturenames:
+            group = "ray_session"
+        elif item.get_closest_marker("slow") or "ray_cluster" in item.fixturenames:
+            group = "own_servers"
+        else:
+            group = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

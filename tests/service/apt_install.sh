@@ -9,6 +9,9 @@ fi
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo -n"; fi
 export DEBIAN_FRONTEND=noninteractive
+# One install at a time: `make test` runs two pytest workers, and dpkg's own lock fails fast.
+exec 9>"${TMPDIR:-/tmp}/csx-apt-install.lock"
+flock 9
 $SUDO apt-get install -y -q "$@" >/dev/null 2>&1 || {
   $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "$@" >/dev/null
 }

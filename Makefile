@@ -25,8 +25,8 @@ run: install
 # docs/results.md: the reference study over 3 seeds, plus Sparse-Wide RigL; then the same
 # study under the Cerebras sparsity blog's protocol (examples/study_blog.yaml), compared with it.
 results: install
-	$(PY) bench/study_results.py --seeds 0,1,2
-	$(PY) bench/study_results.py --protocol blog --seeds 0,1,2
+	$(PY) research/study_results.py --seeds 0,1,2
+	$(PY) research/study_results.py --protocol blog --seeds 0,1,2
 
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup

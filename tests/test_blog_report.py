@@ -1,4 +1,4 @@
-"""bench/blog_report.py: the blog's claims judged against seed noise, and where the section goes."""
+"""research/blog_report.py: the blog's claims judged against seed noise; where the section goes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.blog_report import TITLE, claim_verdict, insert_blog_section, reproduces
+from research.blog_report import TITLE, claim_verdict, insert_blog_section, reproduces
 
 PPL = st.lists(st.floats(1.0, 20.0, allow_nan=False), min_size=1, max_size=5)
 

@@ -1,6 +1,6 @@
 """The study comparison link in a real browser: `mlflow server` and Debian's Chromium (headless,
 driven by Playwright) show one named line per variant and no parent run. Chromium comes
-from Debian's packages (tests/service/chromium.sh); bench/mlflow_screenshots.py is the full
+from Debian's packages (tests/service/chromium.sh); tools/mlflow_screenshots.py is the full
 end-to-end version (a real study, screenshots for the README)."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def load_bench():
+def load_screenshots():
     spec = importlib.util.spec_from_file_location(
-        "mlflow_screenshots", ROOT / "bench" / "mlflow_screenshots.py")
+        "mlflow_screenshots", ROOT / "tools" / "mlflow_screenshots.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -91,30 +91,30 @@ def assert_headline_first(sections: list[str]) -> None:
 @pytest.mark.timeout(240)
 def test_compare_link_shows_five_variants_and_readable_final_perplexities(tmp_path, tracking_uri,
                                                                            chromium):
-    bench = load_bench()
+    screenshots = load_screenshots()
     experiment_id = log_study(tracking_uri)  # the session's store: its schema exists already
-    server, url = bench.start_mlflow_server(tracking_uri, tmp_path / "server.log")
+    server, url = screenshots.start_mlflow_server(tracking_uri, tmp_path / "server.log")
     try:
         from playwright.sync_api import sync_playwright
 
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch_persistent_context(
                 str(tmp_path / "profile"), executable_path=chromium, headless=True,
-                args=bench.CHROMIUM_FLAGS, viewport=bench.VIEWPORT)
+                args=screenshots.CHROMIUM_FLAGS, viewport=screenshots.VIEWPORT)
             page = browser.new_page()
             page.set_default_timeout(60_000)
             page.goto(f"{url}/{compare_link(experiment_id, 3)}")
-            bench.close_assistant(page)
+            screenshots.close_assistant(page)
             # the link opens the runs of a model-training experiment, not the GenAI overview
             page.get_by_role("link", name="rigl", exact=True).first.wait_for()
             assert "Traces\n0" not in page.inner_text("body")
             compare_sections = chart_sections(page)
-            curves = bench.enlarge(page, "eval/perplexity")
+            curves = screenshots.enlarge(page, "eval/perplexity")
             for variant in FINAL_PPL:
                 curves.get_by_text(f"{variant} (eval/perplexity)").wait_for()
             curves_text = curves.inner_text()
             page.keyboard.press("Escape")
-            finals = bench.enlarge(page, "final/eval_perplexity")
+            finals = screenshots.enlarge(page, "final/eval_perplexity")
             for variant in FINAL_PPL:
                 finals.get_by_text(f"{variant} (final/eval_perplexity)").wait_for()
             finals_text = finals.inner_text()

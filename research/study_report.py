@@ -1,4 +1,4 @@
-"""Render bench/results/study_results.json into docs/results.md and its PNGs."""
+"""Render research/results/study_results.json into docs/results.md and its PNGs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from service.studies import aggregate
 from workers.plots import plain_tick_labels
 
 STUDY_VARIANTS = ("dense", "static", "set", "rigl", "granet")
-SINKHORN_VARIANT = "rigl-sinkhorn"  # bench/study_results.py's run of the cause knob
+SINKHORN_VARIANT = "rigl-sinkhorn"  # research/study_results.py's run of the cause knob
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
@@ -33,8 +33,8 @@ def last_value(run: dict[str, Any], name: str) -> float | None:
 
 
 def render(data: dict[str, Any], docs: Path, cause: dict[str, Any] | None = None) -> None:
-    """docs/results.md: with `cause` (bench/results/rigl_cause.json) first the cause table, the
-    chosen defaults and the study under them (bench/cause_report.py), then `make results`."""
+    """docs/results.md: with `cause` (research/results/rigl_cause.json) first the cause table, the
+    chosen defaults and the study under them (research/cause_report.py), then `make results`."""
     images = docs / "images"
     images.mkdir(parents=True, exist_ok=True)
     by_variant: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -46,7 +46,7 @@ def render(data: dict[str, Any], docs: Path, cause: dict[str, Any] | None = None
     first = by_variant["dense"][0]
     lines = ["# Results: the reference study over seeds", ""]
     if cause is not None:
-        from bench.cause_report import cause_section
+        from research.cause_report import cause_section
 
         lines += [*cause_section(cause, data["runs"]), ""]
     lines += [
@@ -55,12 +55,12 @@ def render(data: dict[str, Any], docs: Path, cause: dict[str, Any] | None = None
         "Regenerate this section (numbers, tables, images) with",
         "",
         "```bash",
-        "make results     # = .venv/bin/python bench/study_results.py --seeds 0,1,2",
+        "make results     # = .venv/bin/python research/study_results.py --seeds 0,1,2",
         "```",
         "",
         f"Last run: `{data['command']}` on {platform.machine()} Linux, "
         f"{_cpu_count()} CPU cores, in {data['total_wall_s'] / 60:.1f} min (two runs at a time, "
-        "one torch thread each). Raw numbers: `bench/results/study_results.json`.",
+        "one torch thread each). Raw numbers: `research/results/study_results.json`.",
         "",
         f"What ran: `examples/study.yaml` — the `tiny` Llama ({first['params']:,} parameters, "
         f"byte tokenizer), `builtin:shakespeare`, {first['max_steps']} steps of 16 × 128 tokens, "
@@ -181,7 +181,7 @@ def _speedup_lines(by_variant: dict[str, list[dict]], study: list[str]) -> list[
     lines += ["", "The tiny model is overhead-bound on a wafer: its step is microseconds of "
               "compute next to the fixed per-layer latency and the 1 ms sync, so sparsity "
               "cannot show (hence ≈ 1.00× for every variant).", ""]
-    from bench.cause_report import full_size_lines
+    from research.cause_report import full_size_lines
 
     trained = {name: _final_densities(by_variant[name]) for name in study}
     return lines + full_size_lines(trained, "final masks, mean over seeds")

@@ -11,11 +11,11 @@ to float rounding, about twice as fast on one thread.
 Which sparsity code runs is chosen per invocation (`--sparsity-root`, a directory holding the
 `sparsity` package), so rows on the committed code (`head`) and on a changed one (`new`) share
 everything else. Results append to a JSON-lines file as each run ends; `render` turns them
-into bench/results/rigl_cause.json and bench/results/rigl_cause.md.
+into research/results/rigl_cause.json and research/results/rigl_cause.md.
 
-    python bench/rigl_cause.py run --code head --rows static,set,rigl --seeds 0,1,2
-    python bench/rigl_cause.py run --code new --sparsity-root . --rows rigl_keep --seeds 0,1,2
-    python bench/rigl_cause.py render
+    python research/rigl_cause.py run --code head --rows static,set,rigl --seeds 0,1,2
+    python research/rigl_cause.py run --code new --sparsity-root . --rows rigl_keep --seeds 0,1,2
+    python research/rigl_cause.py render
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+RESULTS = ROOT / "research" / "results"
 RAW = RESULTS / "rigl_cause.jsonl"
 
 SPARSITY = 0.8
@@ -136,7 +136,7 @@ for scale, (scale_text, scale_cfg) in SCALES.items():
             {**PRODUCT, "algorithm": algorithm, "grow_score_scaling": "sinkhorn", **scale_cfg})
     ROWS[f"prod_rigl_fresh{scale}"] = (
         f"RigL that cannot grow back what it just dropped{scale_text}, product model "
-        "(diagnostic: bench/rigl_diagnostics.py)",
+        "(diagnostic: research/rigl_diagnostics.py)",
         {**PRODUCT, "algorithm": "rigl_diagnostics.FreshRigL", **scale_cfg})
 DEFAULTS = {"code": "head", "workers": "head", "update_every": STUDY["update_every"],
             "drop": STUDY["drop"], "distribution": "uniform", "grow_init": None,

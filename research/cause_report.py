@@ -1,4 +1,4 @@
-"""docs/results.md sections from bench/results/rigl_cause.json: the cause table, the chosen
+"""docs/results.md sections from research/results/rigl_cause.json: the cause table, the chosen
 defaults, the reference study under them, and its projection onto the full-size Llama-2 7B."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.study_report import comparison_lines, fmt
+from research.study_report import comparison_lines, fmt
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_SIZE_PARAMS = ROOT / "examples" / "modelzoo" / "params_llama2_7b_rigl80.yaml"
@@ -238,12 +238,12 @@ def product_findings(r: dict[str, dict[str, Any]]) -> list[str]:
                    "50→80% ≤ RigL 80%).")
     if any(r.get(f"prod_rigl_sinkhorn{suffix}", {}).get("settings", {}).get("algorithm")
            == "rigl_diagnostics.SinkhornRigL" for suffix in ("", "_mini", "_3k")):
-        out.append("- Some Sinkhorn rows ran a bench-side class with the same arithmetic, before "
+        out.append("- Some Sinkhorn rows ran a research-side class with the same arithmetic, before "
                    "the scaling moved into `sparsity/` as `grow_score_scaling`; the `tiny` rows "
                    "re-run on the library reproduce its losses to the printed digit.")
     if "prod_rigl_fresh" in r:
         out.append("- **Not the cause: exploring fewer connections.** RigL that may not grow back "
-                   "what it just dropped (`prod_rigl_fresh`, bench/rigl_diagnostics.py) moves by "
+                   "what it just dropped (`prod_rigl_fresh`, research/rigl_diagnostics.py) moves by "
                    f"{_gap(r, 'prod_rigl', 'prod_rigl_fresh')}.")
     return out
 
@@ -391,7 +391,7 @@ def cause_section(cause: dict[str, Any], study_runs: list[dict[str, Any]]) -> li
         "behind Static, which no published result shows. Each row below trains the study's model "
         "and data (the `tiny` Llama, byte tokenizer, `builtin:shakespeare`, 1000 steps of 16 × 128 "
         "tokens, AdamW 3e-3 warmup-cosine, weight decay 0.1, clip 1.0, 80% sparsity, final "
-        "perplexity on 20 fixed validation batches) in one small loop, `bench/rigl_cause.py`, so "
+        "perplexity on 20 fixed validation batches) in one small loop, `research/rigl_cause.py`, so "
         "rows differ only in what the row names. The loop is the study's without its CSR kernels, "
         "checkpoints and tracking. *sparsity code* `head` is the library of commit 8fc6848 (an "
         "entry dropped and regrown in one update restarts from zero), `new` the library of this "
@@ -403,13 +403,13 @@ def cause_section(cause: dict[str, Any], study_runs: list[dict[str, Any]]) -> li
         "Produced by (one torch thread per run; `--code head` runs from a worktree of 8fc6848):", "",
         "```bash",
         "git worktree add --detach /tmp/csx-head 8fc6848",
-        "python bench/rigl_cause.py run --code head --sparsity-root /tmp/csx-head "
+        "python research/rigl_cause.py run --code head --sparsity-root /tmp/csx-head "
         "--workers-root /tmp/csx-head --rows static,set,rigl,... --seeds 0,1,2",
-        "python bench/rigl_cause.py run --code new --sparsity-root . --workers-root /tmp/csx-head "
+        "python research/rigl_cause.py run --code new --sparsity-root . --workers-root /tmp/csx-head "
         "--rows rigl_fix,set_fix,... --seeds 0,1,2",
-        "python bench/rigl_cause.py run --code new --sparsity-root . --workers-root . "
+        "python research/rigl_cause.py run --code new --sparsity-root . --workers-root . "
         "--rows prod_static,prod_set,prod_rigl,... --seeds 0,1,2 --jobs 2",
-        "python bench/rigl_cause.py render   # bench/results/rigl_cause.{json,md}",
+        "python research/rigl_cause.py render   # research/results/rigl_cause.{json,md}",
         "```", "",
         f"Wall time: {cause['wall']}", "",
         *cause_table(cause), "",

@@ -5,16 +5,16 @@ and its RigL with `grow_score_scaling: sinkhorn` (docs/results.md, "Why RigL tra
 for each seed, in-process with `workers.train.train` (one torch thread, two runs at a time on
 a 2-core machine), collecting per-step metrics through a tracker-shaped recorder; projects
 the final masks onto 1, 2, 4 and 16 CS-2 systems with the simulator's cost model; renders
-the tables and PNGs. Raw numbers go to bench/results/study_results.json.
+the tables and PNGs. Raw numbers go to research/results/study_results.json.
 
 `--protocol blog` runs examples/study_blog.yaml instead (the Cerebras sparsity blog's protocol:
 sparse runs at half the batch for twice the steps, drop fraction 0.5, rarer updates), each
-variant's spec exactly as the service builds it, into bench/results/study_results_blog.json;
-docs/results.md then compares the two protocols (bench/blog_report.py). Results are written
+variant's spec exactly as the service builds it, into research/results/study_results_blog.json;
+docs/results.md then compares the two protocols (research/blog_report.py). Results are written
 after every finished run, so an interrupted run still renders (`--render-only`).
 
-    python bench/study_results.py [--protocol reference|blog] [--seeds 0,1,2] [--steps N]
-                                  [--render-only]
+    python research/study_results.py [--protocol reference|blog] [--seeds 0,1,2] [--steps N]
+                                     [--render-only]
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))  # run from a checkout, not installed
 
 STUDY = ROOT / "examples" / "study.yaml"
 BLOG_STUDY = ROOT / "examples" / "study_blog.yaml"
-RESULTS = ROOT / "bench" / "results" / "study_results.json"
+RESULTS = ROOT / "research" / "results" / "study_results.json"
 BLOG_RESULTS = RESULTS.with_name("study_results_blog.json")
-DENSE_CONTROL = "dense-half-batch"  # bench/blog_report.py's control row
+DENSE_CONTROL = "dense-half-batch"  # research/blog_report.py's control row
 DOCS = ROOT / "docs"
 PROJECTED_SYSTEMS = (1, 2, 4, 16)
 SPARSE_WIDE_LEVELS = (0.5, 0.75)
@@ -63,7 +63,7 @@ def run_specs(steps: int | None, seeds: list[int]) -> list[dict[str, Any]]:
     """One task per (variant, seed), and the Sparse-Wide RigL runs on the first seed."""
     import yaml
 
-    from bench.study_report import SINKHORN_VARIANT
+    from research.study_report import SINKHORN_VARIANT
     from service.schemas import StudyCreate
     from service.studies import variant_sparsity, variants
 
@@ -201,10 +201,10 @@ def main() -> int:
             if results.exists():
                 kept = json.loads(results.read_text())
                 kept["runs"] = [r for r in kept["runs"] if r["variant"] not in only]
-        command = "python bench/study_results.py " + " ".join(sys.argv[1:])
+        command = "python research/study_results.py " + " ".join(sys.argv[1:])
         run_all(tasks, args.processes, results, command.strip(), seeds, kept)
-    from bench.blog_report import insert_blog_section
-    from bench.study_report import render
+    from research.blog_report import insert_blog_section
+    from research.study_report import render
 
     cause = RESULTS.with_name("rigl_cause.json")
     reference = json.loads(RESULTS.read_text())

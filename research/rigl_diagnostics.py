@@ -1,4 +1,4 @@
-"""A diagnostic RigL variant for bench/rigl_cause.py: an experiment, not a method.
+"""A diagnostic RigL variant for research/rigl_cause.py: an experiment, not a method.
 
 `FreshRigL` may not grow back what it has just dropped (RigL's reference code may), so every
 grown connection is a new one, as in SET: it tests whether RigL trails SET because regrowing

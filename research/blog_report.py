@@ -1,7 +1,7 @@
 """The reference study's protocol against the Cerebras sparsity blog's, as a docs/results.md section.
 
-Reads bench/results/study_results_blog.json (`bench/study_results.py --protocol blog`) and the
-reference study's bench/results/study_results.json; the section goes first on the page, since it
+Reads research/results/study_results_blog.json (`research/study_results.py --protocol blog`) and the
+reference study's research/results/study_results.json; the section goes first on the page, since it
 says which protocol the reference study follows and why.
 """
 
@@ -12,11 +12,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.study_report import comparison_lines, fmt, last_value, mean_sd
+from research.study_report import comparison_lines, fmt, last_value, mean_sd
 
 VARIANTS = ("dense", "static", "set", "rigl", "rigl-sinkhorn", "granet")
 EXTRA = ("rigl-sinkhorn",)  # this library's knob, beside the study's variants
-CONTROL = "dense-half-batch"  # bench/study_results.py: dense at the sparse runs' batch and steps
+CONTROL = "dense-half-batch"  # research/study_results.py: dense at the sparse runs' batch and steps
 # The blog's ordering at 80% (better first): SET and RigL beat Static, GraNet beats RigL.
 BLOG_CLAIMS = (("set", "static"), ("rigl", "static"), ("granet", "rigl"))
 TITLE = "## Two protocols: the RigL paper's (reference study) and the Cerebras blog's"
@@ -83,8 +83,8 @@ def blog_section(blog: dict[str, Any], reference: dict[str, Any]) -> list[str]:
         "here); the protocol numbers above are those issue 26 cites from it, and the 1/8-of-the-"
         "run interval is this study's reading of \"fewer updates, relative to the run length\".",
         "",
-        f"Regenerate with `make results` (`bench/study_results.py --protocol blog --seeds "
-        f"{','.join(map(str, seeds))}`, raw numbers in `bench/results/study_results_blog.json`). "
+        f"Regenerate with `make results` (`research/study_results.py --protocol blog --seeds "
+        f"{','.join(map(str, seeds))}`, raw numbers in `research/results/study_results_blog.json`). "
         f"Last run: `{blog['command']}`, {blog['total_wall_s'] / 60:.1f} min on 2 shared CPU "
         f"cores (two runs at a time, one torch thread each, `nice -n 5`).{partial}", "",
         "### Final validation perplexity per variant, both protocols (mean ± sd over seeds)", "",

@@ -18,7 +18,7 @@ experiment in Debian's Chromium (`apt-get install -y chromium`) driven by Playwr
 - mlflow_layer_sparsity.png: the same tab scrolled to the per-layer section
   (`weights/sparsity`, one chart per layer under its short name).
 
-    .venv/bin/python bench/mlflow_screenshots.py --out docs/images
+    .venv/bin/python tools/mlflow_screenshots.py --out docs/images
 
 Prints the study's final perplexities and the paths written. Exits 2 when Chromium or
 Playwright is missing.

@@ -9,20 +9,73 @@ from collections.abc import Iterator
 import pytest
 
 
-# `make test` runs two xdist workers (`-n 2 --dist loadgroup`); a group runs on one worker, in
-# order. Tests on the session's Ray runtime share it (one start, not two). The other slow tests
-# start Ray heads, servers and stacks of their own: one at a time, as before xdist, so at most
-# that one and the session runtime run at once. Every other test stays with its module (module
-# fixtures are built once).
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "ray_session" in item.fixturenames:
-            group = "ray_session"
-        elif item.get_closest_marker("slow") or "ray_cluster" in item.fixturenames:
-            group = "own_servers"
-        else:
-            group = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+# `make test` runs two xdist workers (`-n 2`); a group of tests runs on one worker, in order.
+# Tests on the session's Ray runtime share it (one start, not two). Tests that start Ray heads,
+# servers and stacks of their own run one at a time, as before xdist, so at most one of them
+# and the session runtime run at once. Every other test file is a group of its own (its module
+# fixtures are built once). Groups are by file because the controller sees only test ids:
+# collection checks the lists below against the tests' fixtures where a fixture tells. (xdist's own
+# `--dist loadgroup` does not group on pytest 9.2, which ignores the `_nodeid` it rewrites.)
+RAY_SESSION_FILES = frozenset({
+    "tests/service/test_service_studies.py",
+    "tests/workers/test_runner_plumbing.py",
+    "tests/workers/test_runner_train.py",
+    "tests/workers/test_tracking.py",
+    "tests/workers/test_workers_modelzoo_e2e.py",
+    "tests/workers/test_workers_modelzoo_families_e2e.py",
+})
+OWN_SERVER_FILES = frozenset({
+    "tests/service/test_service_local_stack.py",
+    "tests/service/test_service_mlflow_ui.py",
+    "tests/service/test_service_restart.py",
+    "tests/service/test_service_serve.py",
+    "tests/service/test_service_topology.py",
+    "tests/test_readme.py",
+    "tests/workers/test_runner_cluster.py",
+})
+# The two long groups first, so each worker starts one of them.
+GROUP_ORDER = ("ray_session", "own_servers")
+
+
+def xdist_group(test_file: str) -> str:
+    if test_file in RAY_SESSION_FILES:
+        return "ray_session"
+    if test_file in OWN_SERVER_FILES:
+        return "own_servers"
+    return test_file
+
+
+def _needed_group(item: pytest.Item) -> str | None:
+    if "ray_session" in item.fixturenames:
+        return "ray_session"
+    if {"ray_cluster", "stack"} & set(item.fixturenames):
+        return "own_servers"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    files = [item.nodeid.split("::")[0] for item in items]
+    misplaced = [item.nodeid for item, file in zip(items, files)
+                 if (needed := _needed_group(item)) and xdist_group(file) != needed]
+    if misplaced:
+        raise pytest.UsageError("tests/conftest.py: add the files of these tests to "
+                                f"RAY_SESSION_FILES or OWN_SERVER_FILES: {misplaced}")
+    rank = {group: i for i, group in enumerate(GROUP_ORDER)}
+    order = sorted(range(len(items)),
+                   key=lambda i: rank.get(xdist_group(files[i]), len(GROUP_ORDER)))
+    items[:] = [items[i] for i in order]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid.split("::")[0])
+
+    config.option.loadscopereorder = False  # keep GROUP_ORDER (collection order)
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

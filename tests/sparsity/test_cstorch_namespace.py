@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import sparsity.cstorch as cstorch
@@ -345,12 +345,15 @@ def test_configure_optimizer_and_lr_scheduler_read_modelzoo_sections():
 @settings(max_examples=40, deadline=None)
 @given(rows=st.sampled_from([1, 2, 4]), row_len=st.integers(1, 40), level=st.floats(0.0, 0.99),
        drop=st.floats(0.0, 1.0), seed=st.integers(0, 10_000))
+@example(rows=1, row_len=3, level=1 / 3, drop=0.0, seed=0)  # the reference keeps 1 of 3 here
 def test_drop_then_grow_keeps_cstorch_counts(rows, row_len, level, drop, seed):
     generator = torch.Generator().manual_seed(seed)
     weights = torch.randn(rows * row_len, generator=generator)
     shaper = cstorch.sparse.utils.OutputGroupScoreShaper(rows)
     utils = cstorch.sparse.utils
-    target = int(torch.tensor(1 - level, dtype=torch.float32) * row_len)  # float32, truncated
+    # As cstorch computes it: 1 - sparsity on the float32 tensor, times the row length, truncated
+    # (level 1/3 of 3 keeps 1: f32(1 - f32(1/3)) * 3 = 1.9999999).
+    target = int((1 - torch.tensor(level)) * torch.tensor(float(row_len)))
     mask = utils.make_mask_topk_sparsity(weights.abs(), torch.tensor(level), shaper)
     assert mask.reshape(rows, -1).sum(1).tolist() == [target] * rows
     kept_mask, kept = utils.make_mask_drop_minimum(weights.abs(), mask, torch.tensor(drop), shaper)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -41,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
 from simulator.csr import CSRStructure, native_kernel_calls  # noqa: E402
-from simulator.native import load_kernels  # noqa: E402
+from simulator.native import ARCH_ENV, NATIVE_ARCH, load_kernels  # noqa: E402
 
 from csr_linear import load_before  # noqa: E402  (bench/ is on sys.path when run as a script)
 
@@ -133,7 +134,8 @@ def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s, kernels,
                 "traffic_mb": traffic / 1e6, "compute_bound_ms": compute_ms,
                 "memory_bound_ms": memory_ms, "l2_bound_ms": l2_ms, "bound_ms": bound_ms,
                 "bound": bound,
-                "fraction_of_bound": bound_ms / times[kernel], "speedup_vs_dense_gemm": dense[kernel] / times[kernel]})
+                "fraction_of_bound": bound_ms / times[kernel],
+                "speedup_vs_dense_gemm": dense[kernel] / times[kernel]})
             if before is not None:
                 old_ms = times[f"before_{kernel}"]
                 rows[-1].update({"before_csr_ms": old_ms, "before_csr_gflops": flops / old_ms / 1e6,
@@ -210,7 +212,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "machine": {"processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "kernels": str(kernels.path.name)},
+                    "torch": torch.__version__, "kernels": str(kernels.path.name),
+                    "kernel_arch": os.environ.get(ARCH_ENV, NATIVE_ARCH)},
         "quick": args.quick, "reps": reps, "before_commit": args.before,
         "dram_copy_gb_s": bandwidth_by_threads,
         "l2_read_gb_s_per_core": l2_gb_s,

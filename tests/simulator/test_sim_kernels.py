@@ -110,15 +110,16 @@ def _cpu_has_avx2() -> bool:
 @pytest.mark.skipif(not _cpu_has_avx2(), reason="needs an x86 CPU with AVX2")
 @settings(max_examples=25, deadline=None)
 @given(problems)
-def test_avx2_build_gives_the_native_builds_results(p):
-    """The AVX2-only build (8-lane vectors, its own lane sums) and the -march=native build (16
-    lanes on AVX-512) agree, both with dense torch: the speed targets are checked on both."""
-    avx2 = build_kernels("-mavx2 -mfma")
-    assert avx2 is not None and avx2.path != KERNELS.path
+def test_avx2_and_baseline_builds_give_the_native_builds_results(p):
+    """The AVX2-only build (8-lane vectors, its own lane sums), the baseline x86-64 build (no
+    target flags: lane-by-lane sums) and the -march=native build (16 lanes on AVX-512) agree,
+    all with dense torch: the speed targets are checked on more than one build."""
+    builds = [KERNELS, build_kernels("-mavx2 -mfma"), build_kernels("")]
+    assert all(builds) and len({kernels.path for kernels in builds}) == 3
     mask, weight, x, grad_y, bias = build(p)
     s = CSRStructure.from_mask(mask)
     results = []
-    for kernels in (KERNELS, avx2):
+    for kernels in builds:
         vals = kernels.gather(weight, s.flat_index)
         packed_x, packed_grad = kernels.pack(x), kernels.pack(grad_y)
         results.append([
@@ -129,9 +130,10 @@ def test_avx2_build_gives_the_native_builds_results(p):
             kernels.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x,
                           threads=p["threads"])])
     expected = [x @ weight.t() + bias, grad_y @ weight, (grad_y.t() @ x) * mask]
-    for native, avx2_result, reference in zip(*results, expected):
-        torch.testing.assert_close(avx2_result, native, **tolerance(p["dtype"]))
-        torch.testing.assert_close(avx2_result, reference, **tolerance(p["dtype"]))
+    for native, *others, reference in zip(*results, expected):
+        for other in others:
+            torch.testing.assert_close(other, native, **tolerance(p["dtype"]))
+            torch.testing.assert_close(other, reference, **tolerance(p["dtype"]))
 
 
 @settings(max_examples=30, deadline=None)

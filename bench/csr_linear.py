@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from simulator.crossover import calibrate  # noqa: E402
 from simulator.csr import CSRStructure, csr_linear  # noqa: E402
-from simulator.native import load_kernels  # noqa: E402
+from simulator.native import ARCH_ENV, NATIVE_ARCH, load_kernels  # noqa: E402
 
 try:
     import numpy as np
@@ -56,7 +57,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "csr_linear.json"
 
 def load_before(commit: str):
     """`commit`'s simulator.csr as the package `simulator_before` (its files from git, the
-    imports between them renamed), so both versions' kernels run in one process."""
+    imports between them renamed), so both versions' kernels run in one process; with
+    $CSX_KERNEL_ARCH set, both are built for that target."""
     root = Path(tempfile.mkdtemp(prefix="csx-before-"))
     package = root / "simulator_before"
     package.mkdir()
@@ -66,6 +68,10 @@ def load_before(commit: str):
                               check=True, capture_output=True, text=True).stdout
         if name == "__init__.py":
             text = ""  # only csr and native are needed; the rest of the package stays out
+        arch = os.environ.get(ARCH_ENV)
+        if name == "native.py" and arch and ARCH_ENV not in text:
+            # a commit from before $CSX_KERNEL_ARCH: build its kernels for the same target
+            text = text.replace('"-march=native",', "".join(f'"{f}", ' for f in arch.split()))
         package.joinpath(name).write_text(text.replace("from simulator.", "from simulator_before."))
     sys.path.insert(0, str(root))
     return importlib.import_module("simulator_before.csr")
@@ -240,7 +246,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "machine": {"processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "native_kernels": kernels is not None},
+                    "torch": torch.__version__, "native_kernels": kernels is not None,
+                    "kernel_arch": os.environ.get(ARCH_ENV, NATIVE_ARCH)},
         "quick": args.quick, "before_commit": args.before, "clock": (
             "thread CPU time with 1 thread, wall time with more"),
         **headline(flat, groups), "rows": flat, "crossover": groups},

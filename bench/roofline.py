@@ -15,19 +15,23 @@ Useful FLOPs are 2 · tokens · nnz per kernel. Bounds, as times:
            one activation vector per vector FMA, as a sparse row times a dense tile does when
            the tile lives in L2 (0.5 FLOP per byte)
 "of bound" is the largest of the three over the measured time (1.0 = at the roofline).
+With --before COMMIT, that commit's kernels (loaded as bench/csr_linear.py does) run interleaved
+with these in the same cases, and each row also holds their time and fractions (a before/after
+measured side by side).
 Times are the fastest of --reps runs, all functions of a case interleaved so that load from
 other processes hits them alike; with one thread they are the calling thread's CPU time
 (everything runs on it), which a machine shared with other work disturbs far less than wall
 time; with more threads, wall time.
 Writes bench/results/roofline.json.
 
-    python bench/roofline.py [--quick] [--threads 1,2]
+    python bench/roofline.py [--quick] [--threads 1,2] [--before COMMIT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -38,7 +42,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
 from simulator.csr import CSRStructure, native_kernel_calls  # noqa: E402
-from simulator.native import load_kernels  # noqa: E402
+from simulator.native import ARCH_ENV, NATIVE_ARCH, load_kernels  # noqa: E402
+
+from csr_linear import load_before  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 SHAPES = [(1024, 1024), (4096, 1024)]
 TOKENS = [512, 2048]
@@ -86,7 +92,8 @@ def traffic_bytes(kernel: str, out_f: int, in_f: int, tokens: int, nnz: int) -> 
     return (tokens * out_f + tokens * in_f + nnz) * BYTES + pattern  # read dY, X; write dW[nnz]
 
 
-def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s, kernels) -> list[dict]:
+def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s, kernels,
+                before=None) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(out_f, in_f, generator=gen)
     x = torch.randn(tokens, in_f, generator=gen)
@@ -102,6 +109,11 @@ def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s, kernels)
         structure = CSRStructure.from_mask(mask)
         nnz = structure.nnz
         calls = native_kernel_calls(kernels, structure, weight, x, grad_y)
+        if before is not None:
+            old_kernels = before.load_kernels()
+            old_calls = before.native_kernel_calls(
+                old_kernels, before.CSRStructure.from_mask(mask), weight, x, grad_y)
+            calls.update({f"before_{name}": fn for name, fn in old_calls.items()})
         times = fastest_ms(calls, reps)
         for kernel in KERNELS:
             flops = 2 * tokens * nnz
@@ -122,7 +134,14 @@ def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s, kernels)
                 "traffic_mb": traffic / 1e6, "compute_bound_ms": compute_ms,
                 "memory_bound_ms": memory_ms, "l2_bound_ms": l2_ms, "bound_ms": bound_ms,
                 "bound": bound,
-                "fraction_of_bound": bound_ms / times[kernel], "speedup_vs_dense_gemm": dense[kernel] / times[kernel]})
+                "fraction_of_bound": bound_ms / times[kernel],
+                "speedup_vs_dense_gemm": dense[kernel] / times[kernel]})
+            if before is not None:
+                old_ms = times[f"before_{kernel}"]
+                rows[-1].update({"before_csr_ms": old_ms, "before_csr_gflops": flops / old_ms / 1e6,
+                                 "before_fraction_of_dense_rate":
+                                     flops / old_ms / 1e6 / dense_gflops[kernel],
+                                 "before_fraction_of_bound": bound_ms / old_ms})
     return rows
 
 
@@ -136,7 +155,10 @@ def print_rows(rows: list[dict]) -> None:
               f"{r['csr_gflops']:>9.1f} {r['fraction_of_dense_rate']:>8.2f} "
               f"{r['traffic_mb']:>6.1f} {r['bound_ms']:>9.3f} {r['csr_ms']:>8.3f} "
               f"{r['bound']:>7} {r['fraction_of_bound']:>8.2f} "
-              f"{r['speedup_vs_dense_gemm']:>7.2f}", flush=True)
+              f"{r['speedup_vs_dense_gemm']:>7.2f}"
+              + (f" | before {r['before_csr_ms']:8.3f} ms {r['before_csr_gflops']:6.1f} GF/s "
+                 f"{r['before_fraction_of_dense_rate']:.2f} of dense"
+                 if "before_csr_ms" in r else ""), flush=True)
 
 
 def summary(rows: list[dict]) -> dict:
@@ -149,6 +171,9 @@ def summary(rows: list[dict]) -> dict:
         out[f"{kernel}_min_fraction_of_dense_rate"] = dense_fraction[0]
         out[f"{kernel}_median_fraction_of_dense_rate"] = dense_fraction[len(mine) // 2]
         out[f"{kernel}_median_fraction_of_bound"] = bound_fraction[len(mine) // 2]
+        if mine and "before_csr_ms" in mine[0]:
+            before_fraction = sorted(r["before_fraction_of_dense_rate"] for r in mine)
+            out[f"{kernel}_before_median_fraction_of_dense_rate"] = before_fraction[len(mine) // 2]
     return out
 
 
@@ -158,7 +183,10 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--before", default=None,
+                        help="git commit whose kernels run side by side (a before/after)")
     args = parser.parse_args()
+    before = load_before(args.before) if args.before else None
     kernels = load_kernels()
     if kernels is None:
         raise SystemExit("the native CSR kernels did not build; nothing to put on a roofline")
@@ -175,7 +203,7 @@ def main() -> None:
         for out_f, in_f in SHAPES:
             for tokens in tokens_list:
                 shape_rows = bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s,
-                                         kernels)
+                                         kernels, before)
                 print_rows(shape_rows)
                 rows.extend(shape_rows)
     result = summary(rows)
@@ -184,8 +212,10 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "machine": {"processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "kernels": str(kernels.path.name)},
-        "quick": args.quick, "reps": reps, "dram_copy_gb_s": bandwidth_by_threads,
+                    "torch": torch.__version__, "kernels": str(kernels.path.name),
+                    "kernel_arch": os.environ.get(ARCH_ENV, NATIVE_ARCH)},
+        "quick": args.quick, "reps": reps, "before_commit": args.before,
+        "dram_copy_gb_s": bandwidth_by_threads,
         "l2_read_gb_s_per_core": l2_gb_s,
         **result, "rows": rows}, indent=2))
     print(f"wrote {args.out}")

@@ -28,12 +28,11 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE_PATH = Path(__file__).with_name("_kernels.c")
-# Tried in order: for compilers or CPUs that reject -march=native, then -fopenmp.
-FLAG_SETS = (
-    ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"),
-    ("-O3", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"),
-    ("-O3", "-ffp-contract=fast", "-shared", "-fPIC"),  # no OpenMP: single-threaded kernels
-)
+# Target flags of the first build tried. $CSX_KERNEL_ARCH overrides them, e.g. "-mavx2 -mfma"
+# builds the AVX2 kernels on an AVX-512 machine (bench and tests compare the two builds: the
+# targets must hold on any AVX2 machine, not only on the one measured).
+NATIVE_ARCH = "-march=native"
+ARCH_ENV = "CSX_KERNEL_ARCH"
 COMPILE_TIMEOUT_S = 120
 # Handing work to another thread costs microseconds, about this many multiply-adds: smaller
 # calls run on the calling thread alone.
@@ -205,9 +204,25 @@ def _prefix_sum(counts: torch.Tensor) -> torch.Tensor:
     return indptr
 
 
-@functools.cache
+def flag_sets(arch: str) -> tuple[tuple[str, ...], ...]:
+    """Compiler flags tried in order: with `arch` (for compilers or CPUs that reject it, then
+    without it), then without OpenMP (single-threaded kernels)."""
+    common = ("-O3", "-ffp-contract=fast")
+    return ((*common, *arch.split(), "-fopenmp", "-shared", "-fPIC"),
+            (*common, "-fopenmp", "-shared", "-fPIC"),
+            (*common, "-shared", "-fPIC"))
+
+
 def load_kernels() -> KernelLibrary | None:
-    """The compiled kernels, building them on first use; None (logged once) when impossible."""
+    """The compiled kernels (for $CSX_KERNEL_ARCH, default -march=native), building them on
+    first use; None (logged once) when impossible."""
+    return build_kernels(os.environ.get(ARCH_ENV, NATIVE_ARCH))
+
+
+@functools.cache
+def build_kernels(arch: str) -> KernelLibrary | None:
+    """The kernels compiled with the target flags `arch` (e.g. "-mavx2 -mfma"); see
+    :func:`load_kernels`."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None or not SOURCE_PATH.exists():
         logger.warning("simulator: no C compiler or kernel source; CSR layers use torch sparse "
@@ -216,7 +231,7 @@ def load_kernels() -> KernelLibrary | None:
     source = SOURCE_PATH.read_bytes()
     errors = []
     with _build_lock:
-        for flags in FLAG_SETS:
+        for flags in flag_sets(arch):
             key = hashlib.sha256(source + " ".join(flags).encode() + compiler.encode()
                                  + _cpu_signature().encode()).hexdigest()[:16]
             target = _cache_dir() / f"csx_kernels-{key}.so"

@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.csr import CSRStructure, _csr_arrays, csr_linear
-from simulator.native import load_kernels
+from pathlib import Path
+
+from simulator.native import build_kernels, load_kernels
 
 KERNELS = load_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="the C kernels did not build")
@@ -96,6 +98,42 @@ def test_csr_linear_matches_masked_dense_autograd(p):
     torch.testing.assert_close(leaves[0].grad, ref[0].grad, **tol)
     torch.testing.assert_close(leaves[1].grad, ref[1].grad, **tol)  # masked: 0 off the mask
     torch.testing.assert_close(leaves[2].grad, ref[2].grad, **tol)
+
+
+def _cpu_has_avx2() -> bool:
+    try:
+        return " avx2 " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _cpu_has_avx2(), reason="needs an x86 CPU with AVX2")
+@settings(max_examples=25, deadline=None)
+@given(problems)
+def test_avx2_and_baseline_builds_give_the_native_builds_results(p):
+    """The AVX2-only build (8-lane vectors, its own lane sums), the baseline x86-64 build (no
+    target flags: lane-by-lane sums) and the -march=native build (16 lanes on AVX-512) agree,
+    all with dense torch: the speed targets are checked on more than one build."""
+    builds = [KERNELS, build_kernels("-mavx2 -mfma"), build_kernels("")]
+    assert all(builds) and len({kernels.path for kernels in builds}) == 3
+    mask, weight, x, grad_y, bias = build(p)
+    s = CSRStructure.from_mask(mask)
+    results = []
+    for kernels in builds:
+        vals = kernels.gather(weight, s.flat_index)
+        packed_x, packed_grad = kernels.pack(x), kernels.pack(grad_y)
+        results.append([
+            kernels.spmm(s.indptr, s.cols, vals, bias, s.shape[1], packed_x, p["tokens"],
+                         threads=p["threads"]),
+            kernels.spmm(s.indptr_t, s.cols_t, kernels.gather(vals, s.transpose_order), None,
+                         s.shape[0], packed_grad, p["tokens"], threads=p["threads"]),
+            kernels.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x,
+                          threads=p["threads"])])
+    expected = [x @ weight.t() + bias, grad_y @ weight, (grad_y.t() @ x) * mask]
+    for native, *others, reference in zip(*results, expected):
+        for other in others:
+            torch.testing.assert_close(other, native, **tolerance(p["dtype"]))
+            torch.testing.assert_close(other, reference, **tolerance(p["dtype"]))
 
 
 @settings(max_examples=30, deadline=None)

@@ -121,6 +121,39 @@ def job_body(**options: Any) -> dict[str, Any]:
     return {"params": params, **options}
 
 
+def health_latencies_during(url: str, attack_round: Callable[[int], None], *, attackers: int = 1,
+                            min_rounds: int = 2, max_rounds: int = 20,
+                            min_checks: int = 20) -> list[float]:
+    """Seconds each /v1/healthz took while `attackers` threads ran `attack_round(i)`: each at
+    least `min_rounds` times, then on until health was checked `min_checks` times (a server
+    that refuses fast must not end the attack before it was judged), `max_rounds` at most."""
+    import httpx
+
+    enough_checks = threading.Event()
+
+    def attack(i: int) -> None:
+        for round_ in range(max_rounds):
+            if round_ >= min_rounds and enough_checks.is_set():
+                return
+            attack_round(i)
+
+    threads = [threading.Thread(target=attack, args=(i,)) for i in range(attackers)]
+    latencies: list[float] = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            started = time.perf_counter()
+            assert http.get("/v1/healthz").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            if len(latencies) >= min_checks:
+                enough_checks.set()
+            time.sleep(0.02)
+    for thread in threads:
+        thread.join()
+    return latencies
+
+
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 30, what: str = "condition") -> Any:
     # The pause grows from 20 ms to 0.5 s: quick answers stay quick, and a long wait does not
     # poll the API fifty times a second, taking CPU from the jobs it waits for on a busy machine.

@@ -11,7 +11,13 @@ processes hits both alike. With one thread (the default) a step's time is the ca
 CPU time, which other processes on a shared machine disturb far less than wall time. Also
 prints the final losses, the kernel decisions, the CSR rebuild times and the cost model's
 projected CS-2 step. Target (issue 25): fabric >= 3x the masked dense tokens/s on both models.
-Writes bench/results/fabric_training.json.
+
+The ceiling beside it (Amdahl's law, measured): each masked layer's forward+backward is timed
+alone, masked dense and CSR, at the run's token count. Their masked dense share of the masked
+dense step bounds the ratio any kernel could reach (the layers taking no time at all); with the
+layers at the FLOP limit (masked dense time x density: sparse kernels as fast per useful FLOP as
+the dense GEMM) it gives what a perfect kernel would reach; swapping in the CSR times predicts
+the fabric step, which checks the isolated timings against the measured ratio. Writes bench/results/fabric_training.json.
 
     python bench/fabric_training.py [--quick] [--steps N] [--threads T]
 """
@@ -26,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
@@ -90,7 +97,8 @@ class Run:
         if self.fabric:
             result["decisions"] = [
                 {"name": d.name, "shape": d.shape, "density": d.density, "kernel": d.kernel,
-                 "why": d.why, "rebuilds": d.rebuilds, "last_rebuild_ms": d.last_rebuild_ms}
+                 "why": d.why, "rebuilds": d.rebuilds, "last_rebuild_ms": d.last_rebuild_ms,
+                 "changed_rows": d.changed_rows}
                 for d in simulator.decisions(self.model)]
             layers = simulator.layers_from_model(self.model, seq_tokens=SEQ_LEN)
             projection = simulator.project_step(layers, tokens=BATCH * SEQ_LEN,
@@ -99,13 +107,53 @@ class Run:
         return result
 
 
+def layer_fwd_bwd_ms(layer: simulator.CSRLinear, tokens: int, reps: int = 5) -> dict[str, float]:
+    """Fastest forward+backward (ms) of one masked layer alone, as the masked dense run
+    computes it (F.linear over W * mask) and in CSR; the two alternate."""
+    gen = torch.Generator().manual_seed(0)
+    mask = layer.weight_mask
+    weight = layer.weight.detach().clone().requires_grad_(True)
+    x = torch.randn(tokens, layer.in_features, generator=gen).requires_grad_(True)
+    upstream = torch.randn(tokens, layer.out_features, generator=gen)
+    structure = simulator.CSRStructure.from_mask(mask)
+    passes = {"masked_dense": lambda: F.linear(x, weight * mask),
+              "csr": lambda: simulator.csr_linear(x, weight, None, structure)}
+    best = dict.fromkeys(passes, float("inf"))
+    for round_index in range(reps + 1):  # round 0 warms up
+        for name, forward in passes.items():
+            x.grad = weight.grad = None
+            start = clock()
+            forward().backward(upstream)
+            if round_index:
+                best[name] = min(best[name], (clock() - start) * 1e3)
+    return best
+
+
+def amdahl(dense: dict, fabric_model: torch.nn.Module) -> dict:
+    """How far the masked layers alone can take the ratio (see the module docstring)."""
+    layers = [m for m in fabric_model.modules() if isinstance(m, simulator.CSRLinear)]
+    times = [layer_fwd_bwd_ms(layer, BATCH * SEQ_LEN) for layer in layers]
+    layers_dense_ms = sum(t["masked_dense"] for t in times)
+    layers_flop_limit_ms = sum(t["masked_dense"] * layer.decision.density
+                               for t, layer in zip(times, layers))
+    layers_fabric_ms = sum(t[layer.decision.kernel.replace("dense", "masked_dense")]
+                           for t, layer in zip(times, layers))
+    rest_ms = dense["step_ms"] - layers_dense_ms
+    return {"masked_layers_dense_ms": layers_dense_ms, "masked_layers_fabric_ms": layers_fabric_ms,
+            "masked_layers_share": layers_dense_ms / dense["step_ms"],
+            "ceiling_ratio": dense["step_ms"] / rest_ms if rest_ms > 0 else math.inf,
+            "flop_limit_ratio": dense["step_ms"] / (rest_ms + layers_flop_limit_ms),
+            "predicted_ratio": dense["step_ms"] / (rest_ms + layers_fabric_ms)}
+
+
 def train_both(model_name: str, steps: int, warmup: int) -> tuple[dict, dict]:
     dense, fabric = Run(False, model_name), Run(True, model_name)
     vocab = MODELS[model_name].vocab_size
     for step, (x, y) in enumerate(batches(warmup + steps, BATCH, SEQ_LEN, vocab)):
         for run in (dense, fabric) if step % 2 == 0 else (fabric, dense):
             run.step(x, y, timed=step >= warmup)
-    return dense.summary(steps), fabric.summary(steps)
+    dense_summary = dense.summary(steps)
+    return dense_summary, {**fabric.summary(steps), "amdahl": amdahl(dense_summary, fabric.model)}
 
 
 def report(model_name: str, dense: dict, fabric: dict, steps: int) -> float:
@@ -122,7 +170,14 @@ def report(model_name: str, dense: dict, fabric: dict, steps: int) -> float:
           f"{max(abs(a - b) for a, b in zip(dense['losses'], fabric['losses'])):.2e}")
     for d in fabric["decisions"]:
         print(f"  {d['name']:28s} {str(d['shape']):12s} density {d['density']:.3f} "
-              f"{d['kernel']:5s} rebuilds {d['rebuilds']} ({d['last_rebuild_ms']:.2f} ms)")
+              f"{d['kernel']:5s} rebuilds {d['rebuilds']} (last {d['last_rebuild_ms']:.2f} ms, "
+              f"{d['changed_rows'] / d['shape'][0]:.0%} of rows changed)")
+    bound = fabric["amdahl"]
+    print(f"masked layers alone (masked dense): {bound['masked_layers_dense_ms']:.1f} ms, "
+          f"{bound['masked_layers_share']:.0%} of the masked dense step. Ratio with those layers "
+          f"free: {bound['ceiling_ratio']:.2f}x; at the FLOP limit: "
+          f"{bound['flop_limit_ratio']:.2f}x; predicted from their CSR/dense times alone: "
+          f"{bound['predicted_ratio']:.2f}x (measured {ratio:.2f}x)")
     proj = fabric["cs2_projection"]
     print(f"projected CS-2 step from the live masks: {proj['perf/sim_step_ms']:.3f} ms, "
           f"speed-up vs dense {proj['perf/speedup_vs_dense']:.2f}x")
@@ -154,6 +209,8 @@ def main() -> None:
         "clock": "thread CPU time" if torch.get_num_threads() == 1 else "wall",
         "batch": BATCH, "seq_len": SEQ_LEN, "sparsity": SPARSITY, "update_freq": UPDATE_FREQ,
         **{f"{name}_tokens_per_s_ratio": ratio for name, ratio in ratios.items()},
+        **{f"{name}_{bound}": results[name]["fabric"]["amdahl"][bound]
+           for name in results for bound in ("ceiling_ratio", "flop_limit_ratio")},
         "target_ratio": TARGET_RATIO,
         "meets_target": all(r >= TARGET_RATIO for r in ratios.values()),
         "models": results}, indent=2))

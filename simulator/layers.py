@@ -3,8 +3,11 @@
 The CSR layer holds the very same ``weight``/``bias`` Parameters and ``weight_mask`` buffer as the
 linear layer it replaces, under the same attribute names, so optimizers, sparsity algorithms
 (which update the mask in place with ``copy_``) and state_dict keys are unchanged. It watches the
-mask's version counter and rebuilds its CSR structure after every mask update (the rebuild time
-is recorded), re-running the dense-vs-CSR rule of ``simulator.crossover`` for the new density.
+mask's version counter and, after every mask write, re-runs the dense-vs-CSR rule of
+``simulator.crossover`` for the new density and rebuilds its CSR structure, unless the write
+left every row as it was (checked in O(nnz + rows) against the structure itself). The rebuild is
+of the whole layer: a RigL update changes nearly every row (``LayerDecision.changed_rows``,
+printed by bench/fabric_training.py), and the transposed CSR shifts with any change.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class LayerDecision:
     tokens: int
     rebuilds: int
     last_rebuild_ms: float
+    changed_rows: int  # rows whose kept weights the last mask write changed (all, at first)
 
 
 class CSRLinear(nn.Module):
@@ -88,19 +92,26 @@ class CSRLinear(nn.Module):
     def refresh(self, tokens: int) -> LayerDecision:
         """Re-read the mask: density, kernel choice and (for csr) the CSR structure."""
         mask = self.weight_mask
-        density = float(mask.sum()) / mask.numel()
+        row_counts = mask.sum(1)
+        density = float(row_counts.sum()) / mask.numel()
         kernel, why = self._choose(density, tokens)
+        old = self._structure
+        changed_rows = self.out_features if old is None else changed_row_count(old, mask,
+                                                                                row_counts)
         rebuild_ms = 0.0
         self._structure = None
-        if kernel == "csr":
+        if kernel == "csr" and changed_rows == 0:
+            self._structure = old
+        elif kernel == "csr":
             start = time.perf_counter()
             self._structure = CSRStructure.from_mask(mask)
             rebuild_ms = (time.perf_counter() - start) * 1e3
+            self.rebuilds += 1
         self._mask_key = (id(mask), mask._version, mask.data_ptr())
         self._tokens = tokens
-        self.rebuilds += 1
         self.decision = LayerDecision(self.name, (self.out_features, self.in_features), density,
-                                      kernel, why, tokens, self.rebuilds, rebuild_ms)
+                                      kernel, why, tokens, self.rebuilds, rebuild_ms,
+                                      changed_rows)
         logger.info("simulator: %s %s density=%.4f -> %s (%s; rebuild %.2f ms)", self.name,
                     self.decision.shape, density, kernel, why, rebuild_ms)
         return self.decision
@@ -136,6 +147,21 @@ class CSRLinear(nn.Module):
                                   dense_grad=dense_grad, backend=self.backend)
         return csr_linear(x, weight, bias, self._structure, dense_grad=dense_grad,
                           backend=self.backend)
+
+
+def changed_row_count(structure: CSRStructure, mask: torch.Tensor,
+                      row_counts: torch.Tensor) -> int:
+    """Rows of `mask` (with per-row counts `row_counts`) that differ from `structure`'s pattern.
+
+    A row is unchanged exactly when it keeps all of its old non-zeros and has as many as before,
+    so one gather over the old non-zeros decides it, without a copy of the old mask."""
+    rows = structure.shape[0]
+    kept = mask.reshape(-1)[structure.flat_index]
+    old_rows = torch.repeat_interleave(torch.arange(rows, device=mask.device),
+                                       structure.row_nnz().to(mask.device))
+    changed = row_counts != structure.row_nnz().to(mask.device)
+    changed[old_rows[~kept]] = True
+    return int(changed.sum())
 
 
 def _check_algorithm(algorithm: Any) -> None:

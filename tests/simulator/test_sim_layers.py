@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import simulator
 import sparsity
 from simulator.crossover import KernelCalibration, calibrate
-from simulator.layers import CSRLinear
+from simulator.csr import CSRStructure
+from simulator.layers import CSRLinear, changed_row_count
 
 
 class FakeAlgorithm:
@@ -107,7 +110,47 @@ def test_a_mask_update_re_runs_the_rule():
     model[0].weight_mask.copy_(torch.rand(1024, 1024) < 0.02)
     model(torch.randn(1024, 1024))
     decision = simulator.decisions(model)[0]
-    assert decision.kernel == "csr" and decision.rebuilds == 2 and decision.tokens == 1024
+    assert decision.kernel == "csr" and decision.rebuilds == 1 and decision.tokens == 1024
+    assert decision.changed_rows == 1024  # the dense layer had no structure to compare with
+
+
+def test_rewriting_the_same_mask_keeps_the_structure():
+    model = simulator.compile(masked_mlp(), kernel="csr")
+    layer = model[0]
+    structure = layer._structure
+    layer.weight_mask.copy_(layer.weight_mask.clone())  # a write (version bump), same content
+    x = torch.randn(5, 12)
+    y = model(x)
+    decision = simulator.decisions(model)[0]
+    assert layer._structure is structure and decision.rebuilds == 1
+    assert decision.changed_rows == 0 and decision.last_rebuild_ms == 0.0
+    mask = layer.weight_mask
+    row = int(mask.any(1).nonzero()[0])
+    col = int(mask[row].nonzero()[0])
+    mask[row, col] = False  # one row changes: rebuilt, and exact again
+    with torch.no_grad():
+        layer.weight[row, col] = 0
+    reference = nn.functional.linear(nn.functional.relu(nn.functional.linear(
+        x, model[0].weight * model[0].weight_mask, model[0].bias)),
+        model[2].weight * model[2].weight_mask, model[2].bias)
+    assert torch.allclose(model[:3](x), reference, rtol=1e-5, atol=1e-6)
+    decision = simulator.decisions(model)[0]
+    assert layer._structure is not structure and decision.rebuilds == 2
+    assert decision.changed_rows == 1 and not torch.equal(y, model(x))
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 9), cols=st.integers(1, 9), seed=st.integers(0, 2**16),
+       flips=st.integers(0, 6))
+def test_changed_row_count_matches_a_row_by_row_comparison(rows, cols, seed, flips):
+    gen = torch.Generator().manual_seed(seed)
+    old = torch.rand(rows, cols, generator=gen) < 0.4
+    new = old.clone()
+    for _ in range(flips):  # a few flips, so unchanged rows are common too
+        r, c = (int(torch.randint(n, (1,), generator=gen)) for n in (rows, cols))
+        new[r, c] = ~new[r, c]
+    expected = int((old != new).any(1).sum())
+    assert changed_row_count(CSRStructure.from_mask(old), new, new.sum(1)) == expected
 
 
 def test_measured_calibration_orders_the_kernels_sensibly():

@@ -169,9 +169,11 @@ def report(model_name: str, dense: dict, fabric: dict, steps: int) -> float:
           f"{'ok' if ratio >= TARGET_RATIO else 'MISS'}); max |loss difference| "
           f"{max(abs(a - b) for a, b in zip(dense['losses'], fabric['losses'])):.2e}")
     for d in fabric["decisions"]:
+        rebuilt = (f" rebuilds {d['rebuilds']} (last {d['last_rebuild_ms']:.2f} ms, "
+                   f"{d['changed_rows'] / d['shape'][0]:.0%} of rows changed)"
+                   if d["kernel"] == "csr" else "")
         print(f"  {d['name']:28s} {str(d['shape']):12s} density {d['density']:.3f} "
-              f"{d['kernel']:5s} rebuilds {d['rebuilds']} (last {d['last_rebuild_ms']:.2f} ms, "
-              f"{d['changed_rows'] / d['shape'][0]:.0%} of rows changed)")
+              f"{d['kernel']:5s}{rebuilt}")
     bound = fabric["amdahl"]
     print(f"masked layers alone (masked dense): {bound['masked_layers_dense_ms']:.1f} ms, "
           f"{bound['masked_layers_share']:.0%} of the masked dense step. Ratio with those layers "

@@ -22,8 +22,10 @@
  * Threads come from OpenMP, built with -fopenmp and linked to libgomp.so.1: torch has loaded
  * that library already, so the loader reuses it and these kernels run on torch's own thread
  * pool. Separate pthreads were measured up to 2x slower on 2 cores: torch's OpenMP workers
- * spin after each torch op and take the core a pthread needs. Rows are split so each thread
- * gets an equal share of non-zeros. ctypes releases the GIL for the whole call. Compiled
+ * spin after each torch op and take the core a pthread needs. pack splits token blocks; spmm
+ * splits token blocks the same way when the threads divide them evenly, else rows; sddmm splits
+ * rows. Rows are split so each thread gets an equal share of non-zeros. ctypes releases the GIL
+ * for the whole call. Compiled
  * without OpenMP, the pragma is ignored and every call runs on the calling thread.
  */
 #include <stdint.h>
@@ -169,6 +171,7 @@ typedef struct {
     int64_t features;   /* columns of W (spmm, sddmm) or of the token-major matrix (pack) */
     int64_t blocks, tokens; /* token blocks; real tokens */
     int64_t rows;           /* rows of W (spmm, sddmm) */
+    int by_blocks;          /* spmm: begin/end are token blocks (of every row), not rows */
 } work_t;
 
 /* Ranges [bounds[i], bounds[i+1]) of `units`: equal non-zeros per thread when indptr is given,
@@ -281,11 +284,15 @@ static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *
         const int64_t n = w->features, m = w->rows;                                               \
         T *y = (T *)w->out;                                                                       \
         vec_##S tile[LANES_##S][VECS_##S];                                                        \
-        for (int64_t b = 0; b < w->blocks; b++) {                                                 \
+        const int64_t row_begin = w->by_blocks ? 0 : w->begin;                                    \
+        const int64_t row_end = w->by_blocks ? w->rows : w->end;                                  \
+        const int64_t block_begin = w->by_blocks ? w->begin : 0;                                  \
+        const int64_t block_end = w->by_blocks ? w->end : w->blocks;                              \
+        for (int64_t b = block_begin; b < block_end; b++) {                                       \
             const T *xb = (const T *)w->src + b * n * BLOCK;                                      \
             const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
-            for (int64_t r0 = w->begin; r0 < w->end; r0 += LANES_##S) {                          \
-                const int64_t r1 = r0 + LANES_##S < w->end ? r0 + LANES_##S : w->end;             \
+            for (int64_t r0 = row_begin; r0 < row_end; r0 += LANES_##S) {                        \
+                const int64_t r1 = r0 + LANES_##S < row_end ? r0 + LANES_##S : row_end;           \
                 for (int64_t r = r0; r < r1; r++) {                                               \
                     vec_##S a[VECS_##S], c[VECS_##S];                                             \
                     const T init = bias ? bias[r] : (T)0;                                         \
@@ -399,11 +406,20 @@ static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *
     void csx_spmm_##S(const int32_t *indptr, const int32_t *cols, const T *vals, const T *bias,   \
                       int64_t rows, int64_t features, const T *xb, int64_t tokens, T *y,          \
                       int threads) {                                                              \
+        /* Token blocks split evenly across the threads when they can: each thread then reads    \
+         * only the blocks it packed itself (pack splits blocks the same way), from its own L2,     \
+         * and writes whole token rows of Y. Measured on 2 cores against splitting rows by      \
+         * non-zeros: spmm 1.11-1.23x faster at 1024 x 1024 and 512 tokens, a whole forward +    \
+         * backward 1.05-1.13x at 512 tokens and 0.99-1.08x at 2048. */                           \
+        const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
+        const int by_blocks = threads <= 1 || blocks % threads == 0;                              \
         const work_t proto = {.indptr = indptr, .cols = cols, .vals = vals, .bias = bias,         \
-                              .src = xb, .out = y, .features = features,                          \
-                              .blocks = (tokens + BLOCK - 1) / BLOCK, .tokens = tokens,           \
-                              .rows = rows};                                                      \
-        run_threads(spmm_worker_##S, &proto, indptr, rows, threads);                              \
+                              .src = xb, .out = y, .features = features, .blocks = blocks,        \
+                              .tokens = tokens, .rows = rows, .by_blocks = by_blocks};            \
+        if (by_blocks)                                                                            \
+            run_threads(spmm_worker_##S, &proto, 0, blocks, threads);                             \
+        else                                                                                      \
+            run_threads(spmm_worker_##S, &proto, indptr, rows, threads);                          \
     }                                                                                             \
                                                                                                   \
     int csx_sddmm_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,                  \

@@ -79,6 +79,20 @@ def test_kernels_match_dense_products_for_any_thread_split(p):
 
 @settings(max_examples=40, deadline=None)
 @given(problems)
+def test_spmm_is_bitwise_the_same_for_every_thread_split(p):
+    """Splitting token blocks (threads dividing the blocks) or rows (otherwise) changes who
+    computes an output, never the order of its sum."""
+    mask, weight, x, _, bias = build(p)
+    s = CSRStructure.from_mask(mask)
+    vals = KERNELS.gather(weight, s.flat_index)
+    packed_x = KERNELS.pack(x)
+    outputs = [KERNELS.spmm(s.indptr, s.cols, vals, bias, s.shape[1], packed_x, p["tokens"],
+                            threads=threads) for threads in (1, 2, 3, 4)]
+    assert all(torch.equal(out, outputs[0]) for out in outputs[1:])
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems)
 def test_csr_linear_matches_masked_dense_autograd(p):
     mask, weight, x, grad_y, bias = build(p)
     structure = CSRStructure.from_mask(mask)

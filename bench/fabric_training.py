@@ -17,7 +17,8 @@ alone, masked dense and CSR, at the run's token count. Their masked dense share 
 dense step bounds the ratio any kernel could reach (the layers taking no time at all); with the
 layers at the FLOP limit (masked dense time x density: sparse kernels as fast per useful FLOP as
 the dense GEMM) it gives what a perfect kernel would reach; swapping in the CSR times predicts
-the fabric step, which checks the isolated timings against the measured ratio. Writes bench/results/fabric_training.json.
+the fabric step, which checks the isolated timings against the measured ratio.
+Writes bench/results/fabric_training.json.
 
     python bench/fabric_training.py [--quick] [--steps N] [--threads T]
 """

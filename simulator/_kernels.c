@@ -22,11 +22,11 @@
  * Threads come from OpenMP, built with -fopenmp and linked to libgomp.so.1: torch has loaded
  * that library already, so the loader reuses it and these kernels run on torch's own thread
  * pool. Separate pthreads were measured up to 2x slower on 2 cores: torch's OpenMP workers
- * spin after each torch op and take the core a pthread needs. pack splits token blocks; spmm
- * splits token blocks the same way when the threads divide them evenly, else rows; sddmm splits
- * rows. Rows are split so each thread gets an equal share of non-zeros. ctypes releases the GIL
- * for the whole call. Compiled
- * without OpenMP, the pragma is ignored and every call runs on the calling thread.
+ * spin after each torch op and take the core a pthread needs. pack splits token blocks evenly;
+ * spmm splits them the same way when the threads divide them evenly, and otherwise, like sddmm,
+ * splits rows so that each thread gets an equal share of non-zeros. ctypes releases the GIL for
+ * the whole call. Compiled without OpenMP, the pragma is ignored and every call runs on the
+ * calling thread.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -406,10 +406,10 @@ static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *
     void csx_spmm_##S(const int32_t *indptr, const int32_t *cols, const T *vals, const T *bias,   \
                       int64_t rows, int64_t features, const T *xb, int64_t tokens, T *y,          \
                       int threads) {                                                              \
-        /* Token blocks split evenly across the threads when they can: each thread then reads    \
-         * only the blocks it packed itself (pack splits blocks the same way), from its own L2,     \
-         * and writes whole token rows of Y. Measured on 2 cores against splitting rows by      \
-         * non-zeros: spmm 1.11-1.23x faster at 1024 x 1024 and 512 tokens, a whole forward +    \
+        /* Token blocks split evenly across the threads when they can: each thread then reads     \
+         * only the blocks it packed itself (pack splits blocks the same way), from its own L2,   \
+         * and writes whole token rows of Y. Measured on 2 cores against splitting rows by        \
+         * non-zeros: spmm 1.11-1.23x faster at 1024 x 1024 and 512 tokens, a whole forward +     \
          * backward 1.05-1.13x at 512 tokens and 0.99-1.08x at 2048. */                           \
         const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
         const int by_blocks = threads <= 1 || blocks % threads == 0;                              \

@@ -176,6 +176,14 @@ def wait_status(client: TestClient, headers: dict[str, str], job_id: int, status
     return wait_for(current, timeout_s, f"job {job_id} to reach {status}")
 
 
+def process_name(pid: int) -> str | None:
+    """A process's command name; None once it is gone (it may exit between listing and reading)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
 def is_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -26,6 +26,7 @@ from service.supervised import MlflowUI, RayHead
 from service_helpers import (
     REPO_ROOT,
     kill_and_expect_nothing_left,
+    process_name,
     processes_with_env,
     wait_for,
 )
@@ -165,8 +166,7 @@ def test_ray_head_stops_ray_when_its_watcher_is_killed(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
     head = RayHead(num_cpus=1, log_path=tmp_path / "ray" / "head.log", start_timeout_s=240)
     try:
-        names = {Path(f"/proc/{pid}/comm").read_text().strip()
-                 for pid in processes_with_env(str(tmp_path))}
+        names = {process_name(pid) for pid in processes_with_env(str(tmp_path))}
         assert {"gcs_server", "raylet"} <= names, names
         kill_and_expect_nothing_left(head.popen, str(tmp_path), 180,
                                      "every Ray process to exit after its watcher was killed")

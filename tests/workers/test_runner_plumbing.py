@@ -169,6 +169,9 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # a killed child of the raylet may linger as a zombie until reaped
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "zombie" not in status.read_text()
+    # a killed child of the raylet may linger as a zombie until reaped; it may also be reaped
+    # between the kill(0) above and this read (ESRCH or ENOENT from /proc)
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except (ProcessLookupError, FileNotFoundError):
+        return False

@@ -33,13 +33,15 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
 import simulator  # noqa: E402
 import sparsity  # noqa: E402
 from workers.model import build_model, preset_config  # noqa: E402
+
+from csr_linear import csr_step, dense_step  # noqa: E402  (bench/ is on sys.path as a script)
+from roofline import fastest_ms  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fabric_training.json"
 MODELS = {"study": preset_config("tiny"),
@@ -117,17 +119,8 @@ def layer_fwd_bwd_ms(layer: simulator.CSRLinear, tokens: int, reps: int = 5) -> 
     x = torch.randn(tokens, layer.in_features, generator=gen).requires_grad_(True)
     upstream = torch.randn(tokens, layer.out_features, generator=gen)
     structure = simulator.CSRStructure.from_mask(mask)
-    passes = {"masked_dense": lambda: F.linear(x, weight * mask),
-              "csr": lambda: simulator.csr_linear(x, weight, None, structure)}
-    best = dict.fromkeys(passes, float("inf"))
-    for round_index in range(reps + 1):  # round 0 warms up
-        for name, forward in passes.items():
-            x.grad = weight.grad = None
-            start = clock()
-            forward().backward(upstream)
-            if round_index:
-                best[name] = min(best[name], (clock() - start) * 1e3)
-    return best
+    return fastest_ms({"masked_dense": lambda: dense_step(x, weight, mask, upstream),
+                       "csr": lambda: csr_step(x, weight, structure, upstream, "auto")}, reps)
 
 
 def amdahl(dense: dict, fabric_model: torch.nn.Module) -> dict:

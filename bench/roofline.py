@@ -46,14 +46,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
 from simulator.csr import CSRStructure, native_kernel_calls  # noqa: E402
 from simulator.native import ARCH_ENV, NATIVE_ARCH, load_kernels  # noqa: E402
 
-from csr_linear import load_before  # noqa: E402  (bench/ is on sys.path when run as a script)
+from csr_linear import dense_step, load_before  # noqa: E402  (bench/ is on sys.path as a script)
 
 SHAPES = [(1024, 1024), (4096, 1024)]
 TOKENS = [512, 2048]
@@ -106,10 +105,7 @@ def traffic_bytes(kernel: str, out_f: int, in_f: int, tokens: int, nnz: int) -> 
 def masked_dense_ms(weight, x, grad_y, mask, reps) -> float:
     """Forward + backward of the masked dense layer (what training without the fabric runs)."""
     weight, x = weight.clone().requires_grad_(True), x.clone().requires_grad_(True)
-
-    def step() -> None:
-        x.grad = weight.grad = None
-        F.linear(x, weight * mask).backward(grad_y)
+    step = lambda: dense_step(x, weight, mask, grad_y)  # noqa: E731
     return fastest_ms({"masked_dense": step}, reps)["masked_dense"]
 
 

@@ -155,11 +155,11 @@ def changed_row_count(structure: CSRStructure, mask: torch.Tensor,
 
     A row is unchanged exactly when it keeps all of its old non-zeros and has as many as before,
     so one gather over the old non-zeros decides it, without a copy of the old mask."""
-    rows = structure.shape[0]
+    old_counts = structure.row_nnz().to(mask.device)
     kept = mask.reshape(-1)[structure.flat_index]
-    old_rows = torch.repeat_interleave(torch.arange(rows, device=mask.device),
-                                       structure.row_nnz().to(mask.device))
-    changed = row_counts != structure.row_nnz().to(mask.device)
+    old_rows = torch.repeat_interleave(torch.arange(structure.shape[0], device=mask.device),
+                                       old_counts)
+    changed = row_counts != old_counts
     changed[old_rows[~kept]] = True
     return int(changed.sum())
 

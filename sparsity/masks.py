@@ -57,6 +57,11 @@ def sinkhorn_scaled(score: torch.Tensor, iterations: int = 20) -> torch.Tensor:
     work = score.reshape(score.shape[0], -1).nan_to_num(0.0).double() + 1e-30  # no zero line
     col = torch.ones(work.shape[1], dtype=work.dtype, device=work.device)
     for _ in range(iterations):
+        # A non-square score has no exact fixed point: row and col drift by a factor per
+        # iteration in opposite directions (their product settles) until one overflows. A
+        # power-of-two rescale of col before each round keeps both finite; the row computed
+        # from it absorbs the inverse power exactly, so no bit of the result changes.
+        col = torch.ldexp(col, -torch.frexp(col.max()).exponent)
         row = 1.0 / (work @ col)
         col = 1.0 / (work.T @ row)
     scaled = (work * row[:, None] * col[None, :]).reshape(score.shape).to(score.dtype)

@@ -1,7 +1,7 @@
 """Hypothesis property tests for the mask invariants, over shapes, levels, algorithms, optimizers."""
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -121,12 +121,16 @@ def test_same_seed_gives_bit_identical_masks_and_losses(shape, algorithm, level,
 
 @settings(max_examples=50, deadline=None)
 @given(shape=shapes, seed=st.integers(0, 2**16), spread=st.floats(0.0, 4.0))
+@example(shape=(8, 8), seed=8, spread=4.0)  # 11 decades: 200 iterations left rows 0.4% apart
 def test_sinkhorn_scaled_equalises_lines_and_keeps_cross_ratios(shape, seed, spread):
     """Equal row sums and equal column sums; only per-row and per-column factors applied, so
-    every cross-ratio s_ij s_kl / (s_il s_kj), which is what RigL's choice still reads, stays."""
+    every cross-ratio s_ij s_kl / (s_il s_kj), which is what RigL's choice still reads, stays.
+
+    Sinkhorn converges geometrically, at a rate that nears 1 as the score's dynamic range grows
+    (spread 4 spans up to e^±16), hence the many iterations here."""
     gen = torch.Generator().manual_seed(seed)
     score = torch.exp(spread * torch.randn(shape, generator=gen, dtype=torch.float64))
-    scaled = sparsity.masks.sinkhorn_scaled(score, iterations=200)
+    scaled = sparsity.masks.sinkhorn_scaled(score, iterations=5000)
     rows, cols = scaled.sum(1), scaled.sum(0)
     torch.testing.assert_close(rows, rows.mean().expand_as(rows), rtol=1e-3, atol=0)
     torch.testing.assert_close(cols, cols.mean().expand_as(cols), rtol=1e-3, atol=0)

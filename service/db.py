@@ -13,10 +13,15 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 ALEMBIC_INI = MIGRATIONS_DIR.parent / "alembic.ini"
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, pool_size: int = 10, pool_timeout_s: float = 30.0) -> Engine:
+    """`pool_size` connections at most (no overflow): whoever takes the engine sizes it to the
+    threads that use it, and a wait past `pool_timeout_s` raises instead of hanging."""
+    pool = {"pool_size": pool_size, "max_overflow": 0, "pool_timeout": pool_timeout_s}
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        # connect_timeout: a database host that drops packets fails a connect in seconds.
+        return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 5},
+                             **pool)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]

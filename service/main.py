@@ -17,11 +17,13 @@ from service.api.main import api_router
 from service.api.openapi import build_openapi
 from service.db import make_engine, make_sessionmaker, upgrade_database
 from service.limits import BodySizeLimit
-from service.scheduler import Launcher, Scheduler
+from service.scheduler import DATABASE_UNAVAILABLE, Launcher, Scheduler
 from service.settings import Settings
 
 API_PREFIX = "/v1"
 DEV_TOKEN_NAME = "dev"
+# The scheduler thread and the job threads' short writes (queued, not failed, past this many).
+SCHEDULER_CONNECTIONS = 16
 
 
 def create_app(settings: Settings | None = None, *, launcher: Launcher | None = None) -> FastAPI:
@@ -31,18 +33,25 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.run_migrations_on_start:
             upgrade_database(settings.database_url)
-        engine = make_engine(settings.database_url)
+        # The API's pool: one connection per request slot (service/api/deps.py says why). The
+        # scheduler and its job threads have their own, so neither can starve the other.
+        engine = make_engine(settings.database_url, pool_size=settings.db_pool_size,
+                             pool_timeout_s=settings.db_wait_s)
+        scheduler_engine = make_engine(settings.database_url, pool_size=SCHEDULER_CONNECTIONS)
         app.state.sessionmaker = make_sessionmaker(engine)
-        if settings.dev_token:
-            _print_dev_token(app)
+        app.state.db_slots = anyio.Semaphore(settings.db_pool_size)
         # Stop what this lifespan started, even if another lifespan replaced app.state's.
-        scheduler = app.state.scheduler = Scheduler(settings, app.state.sessionmaker, launcher)
-        scheduler.start()
+        scheduler = app.state.scheduler = Scheduler(settings, make_sessionmaker(scheduler_engine),
+                                                    launcher)
         try:
+            scheduler.start()  # LeaseHeld if another server schedules this database
+            if settings.dev_token:
+                _print_dev_token(app)
             yield
         finally:
             scheduler.stop()
             engine.dispose()
+            scheduler_engine.dispose()
 
     app = FastAPI(title="csx-sparse", version="1", lifespan=lifespan,
                   description="Submit and follow weight-sparse training jobs on a simulated "
@@ -54,7 +63,17 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     app.include_router(api_router, prefix=API_PREFIX)
     app.openapi = lambda: app.openapi_schema or _cache_openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(status.HTTP_405_METHOD_NOT_ALLOWED, _method_not_allowed)
+    for error in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(error, _database_unavailable)
     return app
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> Response:
+    """The database is down, restarting or saturated: the client may retry, nothing is lost."""
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:200]
+    return JSONResponse({"detail": f"the database is unavailable ({type(exc).__name__}: "
+                                   f"{reason}); retry shortly"},
+                        status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "2"})
 
 
 def _cache_openapi(app: FastAPI) -> dict[str, Any]:

@@ -140,3 +140,13 @@ class IdempotencyKey(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
     response: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class SchedulerLease(Base):
+    """Which server schedules this database's jobs (service/lease.py): one row, renewed."""
+
+    __tablename__ = "scheduler_lease"
+
+    name: Mapped[str] = mapped_column(String(50), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -4,8 +4,17 @@ One scheduler thread ticks every `scheduler_interval_s` (and on `wake()`): it ha
 systems to the head of the queue, forwards cancels and timeouts to running jobs, and leaves
 everything else to one execution thread per job, which validates, launches the worker group
 through `workers.runner.start_job`, follows its progress and records the outcome. Every state
-change goes through `states.move`. On start, `recover()` makes a restart lose nothing:
-QUEUED jobs wait, jobs that held systems resume from their last checkpoint as RECOVERING.
+change goes through `states.move`.
+
+Nothing is lost and nothing is stranded:
+- One scheduler per database: `start()` takes the lease (service/lease.py) or refuses.
+- A database write that fails is retried (`_apply`); an outcome that still could not be
+  written stays with its execution and every tick tries it again.
+- Every tick reconciles: a job that holds systems but has no execution here (a thread that
+  died, a restart) is adopted again, resuming from its last checkpoint, so its timeout and
+  cancel act on it; on start this is what makes a restart lose nothing.
+- `stop()` (SIGTERM) stops the worker groups but records nothing: their jobs stay resumable
+  and the next start resumes them.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import logging
 import os
 import re
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,17 +32,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
-from service import crud, joblogs
+from service import crud, joblogs, lease
 from service.jobs import memory_problems
 from service.models import Job
 from service.settings import Settings
-from service.states import RESUMABLE, TERMINAL, JobStatus, move
+from service.states import HOLDING, RESUMABLE, TERMINAL, JobStatus, move
 
 logger = logging.getLogger(__name__)
 S = JobStatus
+# The database being away (down, restarting, pool exhausted): worth waiting for.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeoutError)
+# How long a job thread keeps retrying one database write before it gives up on it.
+DATABASE_RETRY_S = 60.0
+SHUTDOWN = "shutdown"  # Execution.stop_reason when the service stops: leave the job resumable
 
 
 class Handle(Protocol):
@@ -90,7 +107,11 @@ class Execution:
     job_id: int
     folder: Path  # the job's folder: its log, model and checkpoints
     handle: Handle | None = None
-    stop_reason: str | None = None  # why the scheduler stopped it: "cancelled" or "timeout"
+    # Why the scheduler stopped it: "cancelled", "timeout" or SHUTDOWN.
+    stop_reason: str | None = None
+    # (status, message, result) once the job ended, until the database has recorded it.
+    outcome: tuple[JobStatus, str, dict[str, Any] | None] | None = None
+    thread: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def stop(self, reason: str) -> None:
@@ -120,25 +141,66 @@ class Scheduler:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self.holder = lease.new_holder()
+        self._lease_renewed = 0.0  # time.monotonic() of the last renewal
+        self.lease_lost = False
+        self.last_tick_ok: float | None = None  # time.monotonic() of the last complete tick
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
+        """Take the database's scheduler lease (LeaseHeld if another server has it), resume
+        what a previous server left, then tick."""
+        with self.sessions() as session:
+            lease.acquire(session, self.holder, self.settings.lease_ttl_s)
+        self._lease_renewed = time.monotonic()
         self.recover()
         self._thread = threading.Thread(target=self._loop, name="csx-scheduler", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 5.0, drain_s: float = 60.0) -> None:
+        """Stop scheduling and every worker group, leaving their jobs as they are (resumable
+        from their last checkpoint at the next start), then Ray, then the lease."""
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        with self._executions_lock:
+            executions = list(self._executions.values())
+        for execution in executions:
+            execution.stop(SHUTDOWN)
+        deadline = time.monotonic() + drain_s
+        for execution in executions:
+            if execution.thread is not None:
+                execution.thread.join(max(0.0, deadline - time.monotonic()))
+        # Only now: a job thread still calling Ray after ray.shutdown() would start or join
+        # some other Ray runtime of this machine.
         close = getattr(self.launcher, "close", None)
         if close is not None:
             close()
+        if not self.lease_lost:
+            try:
+                with self.sessions() as session:
+                    lease.release(session, self.holder)
+            except DATABASE_UNAVAILABLE as err:
+                logger.warning("could not release the scheduler lease (it expires by itself "
+                               "in %.0f s): %s", self.settings.lease_ttl_s, err)
 
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def health(self) -> str:
+        """running | stalled (no complete tick for a while: the database?) | lease lost |
+        stopped."""
+        if not self.running:
+            return "stopped"
+        if self.lease_lost:
+            return "lease lost"
+        stale_after = max(10.0, 50 * self.settings.scheduler_interval_s)
+        if self.last_tick_ok is None or time.monotonic() - self.last_tick_ok > stale_after:
+            return "stalled"
+        return "running"
 
     def wake(self) -> None:
         self._wake.set()
@@ -158,31 +220,71 @@ class Scheduler:
 
     def recover(self) -> None:
         """After a restart: nothing is running in this process yet, whatever the rows say."""
+        self._adopt_orphans("service restarted")
+
+    def _adopt_orphans(self, why: str) -> None:
+        """Jobs that hold systems but have no execution in this process: put back in the
+        queue if nothing ran yet, cancelled if that was asked, else resumed from the last
+        checkpoint."""
+        with self._executions_lock:
+            tracked = set(self._executions)
         resume = []
+        # A transaction that starts after the snapshot: a job whose thread ended before it
+        # had recorded its outcome first, so it reads terminal here.
         with self.sessions() as session:
-            for job in crud.jobs_in(session, statuses=frozenset(S) - TERMINAL - {S.QUEUED}):
+            for job in crud.jobs_in(session, statuses=HOLDING):
+                if job.id in tracked:
+                    continue
                 status = JobStatus(job.status)
                 if status is S.VALIDATING:
-                    self._move(session, job, S.QUEUED, "service restarted during validation")
+                    self._move(session, job, S.QUEUED, f"{why} during validation")
                 elif status is S.CANCELLING:
-                    self._move(session, job, S.CANCELLED, "cancelled (service restarted)")
+                    self._move(session, job, S.CANCELLED, f"cancelled ({why})")
                 elif status in RESUMABLE:
                     if status is not S.RECOVERING:
                         self._move(session, job, S.RECOVERING,
-                                   "service restarted; resuming from the last checkpoint")
+                                   f"{why}; resuming from the last checkpoint")
                     resume.append(job)
             session.commit()
         # Only after the commit: an execution thread must read RECOVERING, not the old state.
         for job in resume:
             execution = self._spawn(job, resume=True)
-            joblogs.append(execution.folder, "resuming after restart")
+            joblogs.append(execution.folder, f"resuming ({why})")
 
     # ---- one pass --------------------------------------------------------------------------
     def tick(self) -> None:
+        if not self._renew_lease():
+            return
+        self._retry_outcomes()
         with self.sessions() as session:
             self._forward_stops(session)
             if not self.settings.paused:
                 self._start_queued(session)
+        self._adopt_orphans("its execution was lost")
+        self.last_tick_ok = time.monotonic()
+
+    def _renew_lease(self) -> bool:
+        """Renew a third of the way into the lease; False once another server holds it (this
+        one stalled past the lease): from then on it schedules nothing."""
+        if self.lease_lost:
+            return False
+        if time.monotonic() - self._lease_renewed < self.settings.lease_ttl_s / 3:
+            return True
+        with self.sessions() as session:
+            if not lease.renew(session, self.holder, self.settings.lease_ttl_s):
+                self.lease_lost = True
+                logger.error("another server took this database's scheduler lease; this one "
+                             "schedules nothing more (restart it)")
+                return False
+        self._lease_renewed = time.monotonic()
+        return True
+
+    def _retry_outcomes(self) -> None:
+        with self._executions_lock:
+            pending = [e for e in self._executions.values()
+                       if e.outcome is not None and (e.thread is None or not e.thread.is_alive())]
+        for execution in pending:
+            self._conclude(execution, retry_s=0.0)  # never hold the tick up
 
     def _forward_stops(self, session: Session) -> None:
         now = datetime.now(UTC)
@@ -214,10 +316,11 @@ class Scheduler:
     def _spawn(self, job: Job, *, resume: bool) -> Execution:
         execution = Execution(job.id, joblogs.job_dir(self.settings.runs_dir, job.id,
                                                       job.run_key))
+        execution.thread = threading.Thread(target=self._execute, args=(execution, resume),
+                                            name=f"csx-job-{job.id}", daemon=True)
         with self._executions_lock:
             self._executions[job.id] = execution
-        threading.Thread(target=self._execute, args=(execution, resume),
-                         name=f"csx-job-{job.id}", daemon=True).start()
+        execution.thread.start()
         return execution
 
     def _execute(self, execution: Execution, resume: bool) -> None:
@@ -228,20 +331,38 @@ class Scheduler:
                 handle = self.launcher(spec, **launch_args)
                 execution.attach(handle)
                 self._started(job_id, handle)
-                result = handle.wait()
-                self._finish(job_id, execution, S.SUCCEEDED, "finished", result=result)
+                execution.outcome = (S.SUCCEEDED, "finished", handle.wait())
             else:
-                self._finish(job_id, execution, S.FAILED, "stopped before launch")
+                execution.outcome = (S.FAILED, "stopped before launch", None)
         except Exception as err:
             # The job boundary: whatever went wrong becomes the job's FAILED reason (one line,
             # for users) and, with its traceback, the job's log.
             joblogs.append(execution.folder, traceback.format_exc())
-            self._finish(job_id, execution, S.FAILED,
-                         user_reason(err, self.settings.runs_dir, job_id))
-        finally:
-            with self._executions_lock:
-                self._executions.pop(job_id, None)
-            self.wake()
+            execution.outcome = (S.FAILED, user_reason(err, self.settings.runs_dir, job_id),
+                                 None)
+        if execution.stop_reason == SHUTDOWN:
+            joblogs.append(execution.folder, "service stopping: the job resumes from its last "
+                                             "checkpoint at the next start")
+            self._forget(execution)
+            return
+        self._conclude(execution)
+
+    def _conclude(self, execution: Execution, retry_s: float = DATABASE_RETRY_S) -> None:
+        """Record the execution's outcome and forget it; if the database will not take it,
+        keep it for a later tick to try again (the job keeps its systems until then)."""
+        try:
+            self._finish(execution, retry_s)
+        except Exception:
+            logger.exception("could not record the end of job %d; retrying next tick",
+                             execution.job_id)
+            return
+        self._forget(execution)
+
+    def _forget(self, execution: Execution) -> None:
+        with self._executions_lock:
+            if self._executions.get(execution.job_id) is execution:
+                del self._executions[execution.job_id]
+        self.wake()
 
     def _prepare(self, execution: Execution, resume: bool) -> tuple[Any, dict[str, Any]]:
         """VALIDATING → PROVISIONING (deep validation, with torch), or resume as is."""
@@ -290,7 +411,11 @@ class Scheduler:
             if job.status in (S.PROVISIONING, S.RECOVERING):
                 self._move(session, job, S.RUNNING, f"worker group of {job.num_csx} started")
 
-        self._apply(job_id, apply)
+        try:
+            self._apply(job_id, apply)
+        except Exception:
+            # The group runs whatever the row says; the outcome's write moves it on.
+            logger.exception("could not record that job %d started", job_id)
 
     def _on_progress(self, execution: Execution, event: dict[str, Any]) -> None:
         event = json.loads(json.dumps(event, default=str))
@@ -307,10 +432,17 @@ class Scheduler:
             if job.status == S.RECOVERING:
                 self._move(session, job, S.RUNNING, "worker group back")
 
-        self._apply(execution.job_id, apply)
+        try:
+            self._apply(execution.job_id, apply, retry_s=0.0)
+        except Exception:
+            # Progress is a snapshot (the next event replaces it) and it is in the job's log
+            # already: never hold the training up waiting for the database.
+            logger.warning("could not record progress of job %d", execution.job_id,
+                           exc_info=True)
 
-    def _finish(self, job_id: int, execution: Execution, outcome: JobStatus, message: str,
-                result: dict[str, Any] | None = None) -> None:
+    def _finish(self, execution: Execution, retry_s: float) -> None:
+        assert execution.outcome is not None
+        outcome, message, result = execution.outcome
         if execution.stop_reason == "timeout":
             outcome, message = S.FAILED, "TIMEOUT: the job ran longer than its timeout_s"
         elif execution.stop_reason == "cancelled":
@@ -330,23 +462,34 @@ class Scheduler:
                 self._move(session, job, S.RUNNING, "resumed")
             self._move(session, job, target, message)
 
+        self._apply(execution.job_id, apply, retry_s=retry_s)
         joblogs.append(execution.folder, f"{outcome.value}: {message}")
-        self._apply(job_id, apply)
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _apply(self, job_id: int, change: Callable[[Session, Job], None], tries: int = 5) -> None:
+    def _apply(self, job_id: int, change: Callable[[Session, Job], None], tries: int = 5,
+               retry_s: float = DATABASE_RETRY_S) -> None:
         """Run `change` on a fresh copy of the job and commit; redo it if the API moved the job
-        in between (optimistic locking), so a decision is never based on a stale state."""
-        for attempt in range(tries):
-            with self.sessions() as session:
-                change(session, self._load(session, job_id))
-                try:
+        in between (optimistic locking), so a decision is never based on a stale state, and
+        while the database is unavailable, for up to `retry_s`."""
+        deadline, pause = time.monotonic() + retry_s, 0.1
+        stale = 0
+        while True:
+            try:
+                with self.sessions() as session:
+                    change(session, self._load(session, job_id))
                     session.commit()
                     return
-                except StaleDataError:
-                    session.rollback()
-                    if attempt == tries - 1:
-                        raise
+            except StaleDataError:
+                stale += 1
+                if stale == tries:
+                    raise
+            except DATABASE_UNAVAILABLE as err:
+                if time.monotonic() + pause > deadline:
+                    raise
+                logger.warning("database unavailable writing job %d (%s); retrying in %.1f s",
+                               job_id, one_line(str(err), self.settings.runs_dir), pause)
+                time.sleep(pause)
+                pause = min(2 * pause, 5.0)
 
     def _move(self, session: Session, job: Job, target: JobStatus, message: str) -> None:
         move(session, job, target, message=message,

@@ -327,6 +327,6 @@ class ClusterPublic(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
-    database: Literal["ok"]
-    scheduler: Literal["running", "stopped"]
+    status: Literal["ok", "unavailable"]
+    database: str = Field(description='"ok", or "unavailable: <the error>"')
+    scheduler: Literal["running", "stalled", "lease lost", "stopped"]

@@ -43,6 +43,14 @@ class Settings(BaseSettings):
     # "module:function" with workers.runner.run_job's signature; the executor calls it in a thread.
     job_runner: str = "workers.runner:run_job"
     run_migrations_on_start: bool = True
+    # Requests served at once with a database connection each: the API's pool holds this many,
+    # so a request never waits on the event loop for a connection another request holds.
+    db_pool_size: int = Field(default=40, ge=2, le=1000)
+    # Longest wait for one of them (or for the database) before answering 503 + Retry-After.
+    db_wait_s: float = Field(default=10.0, gt=0, le=300, allow_inf_nan=False)
+    # One scheduler per database: the server holding the lease renews it every tick; a second
+    # server refuses to start until it expires (or its holder on this host is gone).
+    lease_ttl_s: float = Field(default=30.0, ge=1, le=3600, allow_inf_nan=False)
 
     @field_validator("database_url")
     @classmethod

@@ -3,6 +3,13 @@
 They are `async def` although their database reads are synchronous: each is one indexed query
 (well under a millisecond), and a plain `def` dependency costs a round trip through the thread
 pool, which measured as a large share of a submission's time under load (bench/api_load.py).
+
+That is safe only because a read on the event loop never waits for a pooled connection: a
+request gets its session only after taking one of `db_pool_size` slots (an async wait, bounded
+by `db_wait_s`, then 503), and the API's pool holds as many connections, so an admitted request
+always finds one free. Without the slots, requests in the thread pool held every connection,
+the loop blocked waiting for one, and those connections could only come back through the
+blocked loop: 20 concurrent requests deadlocked the server.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
@@ -34,8 +42,19 @@ async def get_scheduler(request: Request) -> Scheduler:
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
-    with request.app.state.sessionmaker() as session:
-        yield session
+    slots = request.app.state.db_slots
+    wait_s = request.app.state.settings.db_wait_s
+    with anyio.move_on_after(wait_s) as waited:
+        await slots.acquire()
+    if waited.cancelled_caught:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                            f"the service is busy: no database connection came free within "
+                            f"{wait_s:g} s; retry", headers={"Retry-After": "1"})
+    try:
+        with request.app.state.sessionmaker() as session:
+            yield session
+    finally:
+        slots.release()
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

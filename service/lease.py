@@ -16,7 +16,7 @@ import secrets
 import socket
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import update
+from sqlalchemy import insert, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -46,7 +46,8 @@ def acquire(session: Session, holder: str, ttl_s: float) -> None:
     now = datetime.now(UTC)
     expires = now + timedelta(seconds=ttl_s)
     try:
-        session.add(SchedulerLease(name=LEASE_NAME, holder=holder, expires_at=expires))
+        session.execute(insert(SchedulerLease).values(name=LEASE_NAME, holder=holder,
+                                                      expires_at=expires))
         session.commit()
         return
     except IntegrityError:

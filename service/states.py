@@ -3,19 +3,17 @@
 QUEUED → VALIDATING → PROVISIONING → RUNNING ⇄ RECOVERING → SUCCEEDED | FAILED | CANCELLING →
 CANCELLED. SUCCEEDED and CANCELLED accept nothing; FAILED accepts only the explicit retry back to
 QUEUED (same job, same MLflow run, attempt + 1). Every move writes a JobEvent row and, when the
-job has an MLflow run, sets its `csx.status` tag.
+job has an MLflow run, queues its `csx.status` tag (service/run_tags.py: never waits on MLflow).
 """
 
 from __future__ import annotations
 
-import logging
 from enum import StrEnum
 
 from sqlalchemy.orm import Session
 
+from service import run_tags
 from service.models import Job, JobEvent, utcnow
-
-logger = logging.getLogger(__name__)
 
 
 class JobStatus(StrEnum):
@@ -93,19 +91,8 @@ def move(
     )
     session.add(event)
     if job.mlflow_run_id and mlflow_tracking_uri:
-        _tag_run(mlflow_tracking_uri, job.mlflow_run_id, target, message)
-    return event
-
-
-def _tag_run(tracking_uri: str, run_id: str, status: JobStatus, message: str | None) -> None:
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    try:
-        client.set_tag(run_id, "csx.status", status.value)
+        tags = {"csx.status": target.value}
         if message:
-            client.set_tag(run_id, "csx.status_message", message[:5000])
-    except MlflowException as exc:
-        # The database row is the source of truth; a missing tag must not undo the move.
-        logger.warning("could not tag MLflow run %s with %s: %s", run_id, status, exc)
+            tags["csx.status_message"] = message[:5000]
+        run_tags.submit(mlflow_tracking_uri, job.mlflow_run_id, tags)
+    return event

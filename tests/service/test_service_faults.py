@@ -7,6 +7,7 @@ injected exactly where they matter and nothing waits on Ray or training.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections import Counter
@@ -18,9 +19,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
+from service import run_tags
 from service.main import create_app
 from service.settings import Settings
 from service_helpers import ScriptedLauncher, job_body, make_token, wait_for, wait_status
+
+
+DEAD_PID = 2**22 + 7  # above the kernel's pid_max: no process has it
 
 
 def _submit(client: TestClient, headers: dict[str, str], **options: Any) -> int:
@@ -56,3 +61,146 @@ def test_fifty_concurrent_clients_on_every_route_all_answer(client: TestClient,
     # for a busy 2-core machine and far below what the deadlock took (minutes for 400).
     assert elapsed < 120, f"400 requests took {elapsed:.0f} s: {codes}"
     assert client.get("/v1/healthz").status_code == 200
+
+
+class FlakySessions:
+    """The scheduler's sessionmaker with a switch: while `down` is set, the database refuses
+    every new session, as a PostgreSQL server that stopped does."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.down = threading.Event()
+
+    def __call__(self) -> Any:
+        if self.down.is_set():
+            raise OperationalError("connect", {}, ConnectionRefusedError("database down (test)"))
+        return self.real()
+
+
+@pytest.fixture
+def flaky(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> FlakySessions:
+    import service.scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "DATABASE_RETRY_S", 0.3)  # give up fast, tick retries
+    scheduler = client.app.state.scheduler
+    sessions = FlakySessions(scheduler.sessions)
+    monkeypatch.setattr(scheduler, "sessions", sessions)
+    return sessions
+
+
+def test_a_job_that_ends_while_the_database_is_down_is_recorded_once_it_is_back(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher,
+        flaky: FlakySessions) -> None:
+    """Today's code: the job thread's write failed, its error path needed the database again,
+    the thread died and the row stayed RUNNING forever, holding its systems; healthz said 500
+    (then "running"). Now healthz answers 503 naming the database while it is down, and the
+    outcome is recorded when it comes back; the queue behind the job moves on."""
+    job_id = _submit(client, alice)
+    handle = launcher.handle_for(job_id)
+    wait_status(client, alice, job_id, "RUNNING")
+    flaky.down.set()
+    handle.finish({"steps": 10})
+    health = client.get("/v1/healthz")
+    assert health.status_code == 503
+    assert health.json()["database"].startswith("unavailable: OperationalError")
+    time.sleep(1.0)  # several ticks and the thread's own retries fail meanwhile
+    flaky.down.clear()
+    done = wait_status(client, alice, job_id, "SUCCEEDED")
+    assert done["result"] == {"steps": 10} and done["systems"] == []
+    assert client.get("/v1/healthz").json() == {"status": "ok", "database": "ok",
+                                                 "scheduler": "running"}
+    second = _submit(client, alice)
+    launcher.handle_for(second).finish({})
+    wait_status(client, alice, second, "SUCCEEDED")
+
+
+def test_a_job_whose_execution_was_lost_is_adopted_again_and_can_be_cancelled(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher) -> None:
+    """A RUNNING row with no execution behind it (its thread died) is resumed by the next
+    tick, so its cancel and timeout act again."""
+    job_id = _submit(client, alice)
+    first = launcher.handle_for(job_id)
+    wait_status(client, alice, job_id, "RUNNING")
+    scheduler = client.app.state.scheduler
+    with scheduler._executions_lock:
+        del scheduler._executions[job_id]  # what a dead execution thread leaves
+    second = launcher.handle_for(job_id, launch=2)
+    assert second.kwargs["model_dir"] == first.kwargs["model_dir"]
+    wait_status(client, alice, job_id, "RUNNING")
+    assert client.post(f"/v1/jobs/{job_id}:cancel", headers=alice).status_code == 202
+    wait_status(client, alice, job_id, "CANCELLED")
+    assert second.cancelled.is_set()
+
+
+def test_a_second_server_on_the_same_database_refuses_to_start(
+        service_settings: Settings) -> None:
+    """Today's second server took the first one's RUNNING jobs for orphans and ran them again
+    into the same model folder. Now it refuses while the first holds the scheduler lease, and
+    starts at once after the first stops."""
+    from service.lease import LeaseHeld
+
+    first_launcher, second_launcher = ScriptedLauncher(), ScriptedLauncher()
+    with TestClient(create_app(service_settings, launcher=first_launcher)) as first:
+        alice = make_token(first, "alice")
+        job_id = _submit(first, alice)
+        first_launcher.handle_for(job_id)
+        wait_status(first, alice, job_id, "RUNNING")
+        with pytest.raises(LeaseHeld, match="another csx server"):
+            with TestClient(create_app(service_settings, launcher=second_launcher)):
+                pass
+        assert second_launcher.handles == []
+        assert first.get(f"/v1/jobs/{job_id}", headers=alice).json()["status"] == "RUNNING"
+    # The first stopped cleanly (SIGTERM's path): its job is left to resume, the lease is free.
+    with TestClient(create_app(service_settings, launcher=second_launcher)) as second:
+        resumed = second_launcher.handle_for(job_id)
+        wait_status(second, alice, job_id, "RUNNING")
+        events = [e["to_status"] for e in
+                  second.get(f"/v1/jobs/{job_id}/events", headers=alice).json()["data"]]
+        assert "FAILED" not in events and events[-2:] == ["RECOVERING", "RUNNING"]
+        resumed.finish({})
+        wait_status(second, alice, job_id, "SUCCEEDED")
+
+
+def test_a_lease_is_respected_until_it_expires_unless_its_holder_here_is_gone(
+        service_settings: Settings) -> None:
+    """A crashed server of this host need not be waited out; one on another host must be."""
+    from service import lease
+    from service.db import make_engine, make_sessionmaker, upgrade_database
+
+    upgrade_database(service_settings.database_url)
+    engine = make_engine(service_settings.database_url)
+    here = socket.gethostname()
+    try:
+        with make_sessionmaker(engine)() as session:
+            lease.acquire(session, "otherhost:1:aa", ttl_s=3600)
+            with pytest.raises(lease.LeaseHeld, match="otherhost:1:aa"):
+                lease.acquire(session, lease.new_holder(), ttl_s=60)
+            assert not lease.renew(session, lease.new_holder(), ttl_s=60)
+            lease.release(session, "otherhost:1:aa")
+            lease.acquire(session, f"{here}:{DEAD_PID}:bb", ttl_s=3600)  # a crashed server
+    finally:
+        engine.dispose()
+    with TestClient(create_app(service_settings, launcher=ScriptedLauncher())) as client:
+        assert client.get("/v1/healthz").json()["scheduler"] == "running"
+
+
+def test_cancel_answers_at_once_while_mlflow_is_away(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher) -> None:
+    """Today's cancel handler tagged the MLflow run synchronously: with the server away,
+    MLflow's client retried for minutes inside the request. The tag is now queued."""
+    job_id = _submit(client, alice)
+    handle = launcher.handle_for(job_id)
+    wait_status(client, alice, job_id, "RUNNING")
+    scheduler = client.app.state.scheduler
+    with scheduler.sessions() as session:  # a run on an MLflow server that does not answer
+        from service.models import Job
+
+        session.get(Job, job_id).mlflow_run_id = "0" * 32
+        session.commit()
+    client.app.state.settings.mlflow_tracking_uri = "http://127.0.0.1:9"  # discard port
+    response = client.post(f"/v1/jobs/{job_id}:cancel", headers=alice)
+    assert response.status_code == 202
+    # MLflow's client retries a refused connection for minutes: the tag is still pending.
+    assert not run_tags.flush("http://127.0.0.1:9", timeout_s=0.1)
+    wait_status(client, alice, job_id, "CANCELLED")
+    assert handle.cancelled.is_set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+from service import run_tags
 from service.main import create_app
 from service.models import Job
 from service.settings import Settings
@@ -143,6 +144,7 @@ def test_failure_then_retry_reuses_the_mlflow_run(client: TestClient, alice: dic
     assert wait_status(client, alice, job_id, "SUCCEEDED")["attempt"] == 2
     from mlflow.tracking import MlflowClient
 
+    assert run_tags.flush(client.app.state.settings.mlflow_tracking_uri)
     tags = MlflowClient(client.app.state.settings.mlflow_tracking_uri).get_run(first.run_id).data.tags
     assert tags["csx.status"] == "SUCCEEDED"
 

@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from mlflow.tracking import MlflowClient
 
+from service import run_tags
 from service.main import create_app
 from service.models import Study
 from service.schemas import StudyReport
@@ -68,6 +69,7 @@ def test_study_runs_every_algorithm_and_reports(ray_session: None,
         assert all(s == shared[0] for s in shared), "seed, data and model are shared"
 
         mlflow = MlflowClient(service_settings.mlflow_tracking_uri)
+        assert run_tags.flush(service_settings.mlflow_tracking_uri)
         for job in done["jobs"]:
             tags = mlflow.get_run(job["mlflow_run_id"]).data.tags
             assert tags["mlflow.parentRunId"] == study["mlflow_run_id"]

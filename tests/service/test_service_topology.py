@@ -44,7 +44,13 @@ from service.local_stack import (
 )
 from service.models import Job, JobEvent, Study
 from service.settings import Settings
-from service_helpers import REPO_ROOT, PostgresServer, listening_sockets, processes_with_env
+from service_helpers import (
+    REPO_ROOT,
+    PostgresServer,
+    listening_sockets,
+    processes_with_env,
+    wait_for,
+)
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
 EXPERIMENT = "topology-study"
@@ -290,7 +296,11 @@ def test_study_through_the_compose_topology(topology: Topology,
         assert job.result["final_eval_perplexity"] > 1
 
     # MLflow, through its REST API: the parent run and one nested run per variant.
-    experiment_id, runs = mlflow_runs(topology.mlflow_url)
+    # csx.status tags are applied by the server's tagging thread, moments after the move.
+    experiment_id, runs = wait_for(
+        lambda: (found := mlflow_runs(topology.mlflow_url)) if all(
+            run["tags"].get("csx.status") == "SUCCEEDED" for run in found[1]
+            if run["id"] != row.mlflow_run_id) else None, 60, "csx.status tags on every run")
     assert row.mlflow_experiment_id == experiment_id
     assert all(j.mlflow_experiment_id == experiment_id for j in jobs)
     by_id = {run["id"]: run for run in runs}

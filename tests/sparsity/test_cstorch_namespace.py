@@ -106,8 +106,9 @@ def test_a_cycling_schedule_advances_once_per_update_step_through_update():
     values = []
     for t in range(4):
         values.append(float(schedule(torch.tensor(t))))
+        is_update_step = torch.tensor(True)  # an algorithm's one flag of this step
         for _ in range(3):  # three parameters share it: one advance per step
-            schedule.update(torch.tensor(True))
+            schedule.update(is_update_step)
         schedule.cache_clear()
     assert values == pytest.approx([0.2, 0.4, 0.6, 0.2])
 

@@ -113,6 +113,67 @@ def test_a_cycling_schedule_advances_once_per_update_step_through_update():
     assert values == pytest.approx([0.2, 0.4, 0.6, 0.2])
 
 
+class Staircase(cstorch.sparse.utils.HyperParameterSchedule):
+    """A user schedule keeping its state in ``update()``, as cstorch's ``Cycling`` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.climbed = torch.tensor(0)
+
+    def compute(self, step):
+        return 0.2 + 0.1 * self.climbed.float()
+
+    def update(self, is_update_step):
+        self.climbed = self.climbed + is_update_step.long()
+
+
+class CountedStaircase(Staircase):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def update(self, is_update_step):
+        self.calls += 1
+        super().update(is_update_step)
+
+
+@pytest.mark.parametrize("schedule_class", [Staircase, CountedStaircase])
+def test_a_user_schedule_overriding_update_advances_once_per_step_however_many_parameters_share_it(schedule_class):
+    schedule = schedule_class()
+    model = mlp()  # four parameters share the schedule
+    alg = cstorch.sparse.GMP(sparsity=schedule)
+    alg.apply(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.apply(alg)
+    alg.initialize()
+    climbed = [int(schedule.climbed)]
+    for i in range(3):
+        step(model, optimizer, i)
+        climbed.append(int(schedule.climbed))
+    assert climbed == [1, 2, 3, 4]  # once at apply, once per step (the reference's counts)
+    if schedule_class is CountedStaircase:
+        assert schedule.calls == 4  # the subclass's super().update() ran the parent's, not skipped it
+
+
+def test_a_step_closure_called_inside_a_traced_step_sees_its_arguments_as_they_were_then():
+    seen = []
+
+    @cstorch.step_closure
+    def log(counter, nested):
+        seen.append((int(counter), float(nested["weights"][0].sum())))
+
+    counter, weight = torch.tensor(0), torch.ones(3)
+
+    @cstorch.trace
+    def training_step():
+        log(counter, {"weights": [weight]})
+        counter.add_(1)
+        weight.mul_(5)
+
+    training_step()
+    assert seen == [(0, 3.0)] and int(counter) == 1
+
+
 def test_a_score_shaper_object_is_honoured_by_rigl_and_the_mask_helpers():
     class Halves(cstorch.sparse.utils.ScoreShaper):
         def __call__(self, tensor):

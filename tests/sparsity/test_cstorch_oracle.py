@@ -81,8 +81,8 @@ def test_the_deliberate_differences_are_exactly_the_documented_ones():
     expected = torch.load(harness.FIXTURES / "deliberate_differences.pt", weights_only=True)
     actual = harness.run_isolated("deliberate_differences", "ours")
     found = harness.differences(expected, actual, "")
-    assert sorted({line.split("[")[0].split(".")[1] for line in found}) == ["cycling_loaded", "restart_kept",
-                                                                           "swapped_out"]
+    assert sorted({line.split("[")[0].split(".")[1] for line in found}) == [
+        "cycling_loaded", "linear_dtype_after_amp_init", "restart_kept", "submodule_masks_kept", "swapped_out"]
     # a cosine drop_fraction: the reference swaps ~the same count every step; ours follows the cosine
     assert actual["swapped_out"][0] == expected["swapped_out"][0]
     assert actual["swapped_out"] == sorted(actual["swapped_out"], reverse=True) and actual["swapped_out"][-1] == 0
@@ -92,3 +92,8 @@ def test_the_deliberate_differences_are_exactly_the_documented_ones():
     assert expected["cycling_loaded"][0]["sparsity"] == {}
     # a 50% checkpoint mask under a 75% config: re-pruned here (100 of 400), kept by the reference
     assert expected["restart_kept"] == [200] and actual["restart_kept"] == [100]
+    # masks loaded through a submodule's load_state_dict: redrawn by the reference's initialize(), kept here
+    assert expected["submodule_masks_kept"] == [False] and actual["submodule_masks_kept"] == [True]
+    # amp.init(): the reference computes every linear of the process in float16, CPU included; here float32
+    assert expected["linear_dtype_after_amp_init"] == ["torch.float16"]
+    assert actual["linear_dtype_after_amp_init"] == ["torch.float32"]

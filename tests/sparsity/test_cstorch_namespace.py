@@ -137,22 +137,28 @@ class CountedStaircase(Staircase):
         super().update(is_update_step)
 
 
-@pytest.mark.parametrize("schedule_class", [Staircase, CountedStaircase])
-def test_a_user_schedule_overriding_update_advances_once_per_step_however_many_parameters_share_it(schedule_class):
-    schedule = schedule_class()
-    model = mlp()  # four parameters share the schedule
-    alg = cstorch.sparse.GMP(sparsity=schedule)
+@settings(max_examples=25, deadline=None)
+@given(layers=st.integers(1, 4), freq=st.integers(1, 3), start=st.integers(0, 2), steps=st.integers(1, 5),
+       counted=st.booleans())
+def test_a_user_schedule_overriding_update_advances_once_per_step_however_many_parameters_share_it(
+        layers, freq, start, steps, counted):
+    schedule = CountedStaircase() if counted else Staircase()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(layers)])  # 2 * layers parameters share it
+    alg = cstorch.sparse.GMP(sparsity=schedule, update={"freq": freq, "start": start})
     alg.apply(model)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
     optimizer.apply(alg)
     alg.initialize()
-    climbed = [int(schedule.climbed)]
-    for i in range(3):
-        step(model, optimizer, i)
-        climbed.append(int(schedule.climbed))
-    assert climbed == [1, 2, 3, 4]  # once at apply, once per step (the reference's counts)
-    if schedule_class is CountedStaircase:
-        assert schedule.calls == 4  # the subclass's super().update() ran the parent's, not skipped it
+    for i in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(4, 8, generator=torch.Generator().manual_seed(i))).square().mean().backward()
+        optimizer.step()
+    # once at apply if the run starts sparse, then once per update step (the reference's counts)
+    update_steps = [t for t in range(1, steps + 1) if t >= start and (t - start) % freq == 0]
+    assert int(schedule.climbed) == (start == 0) + len(update_steps)
+    if counted:  # its super().update() ran the parent's; the wrapped update itself ran once per step
+        assert schedule.calls == 1 + steps
 
 
 def test_a_cycling_sparsity_updated_every_step_moves_on_at_the_first_step_too():

@@ -90,7 +90,8 @@ class HyperParameterSchedule(ABC):
         return self._memo[1]
 
     def update(self, is_update_step: Any) -> None:
-        """Advances the schedule's state at the end of a step; stateless schedules keep none."""
+        """Advances a stateful schedule (called each step after the step's value is read, and
+        once at ``apply``); stateless schedules keep no state."""
 
     def cache_clear(self) -> None:
         self._memo = None

@@ -91,7 +91,8 @@ def trace(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def step_closure(closure: Callable[..., Any]) -> Callable[..., Any]:
-    """Runs ``closure`` after the traced step (at once outside one), with tensor values ready."""
+    """Runs ``closure`` after the traced step (at once outside one) with its tensor arguments
+    as they were when it was called."""
 
     @functools.wraps(closure)
     def deferred(*args: Any, **kwargs: Any) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from ._device_rng import Device
 
@@ -52,7 +53,11 @@ class Runtime:
         return [ref() for ref in self._sparsity]
 
     def run_or_queue(self, closure: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+        """Inside a traced step, queues ``closure`` with copies of the tensors in its arguments
+        (nested in lists, tuples and dicts too), so it sees what they held when it was called,
+        not what the rest of the step writes into them (as cstorch copies them)."""
         if self.tracing_depth:
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: t.detach().clone(), (args, kwargs))
             self.pending_closures.append((closure, args, kwargs))
         else:
             closure(*args, **kwargs)

@@ -106,10 +106,92 @@ def test_a_cycling_schedule_advances_once_per_update_step_through_update():
     values = []
     for t in range(4):
         values.append(float(schedule(torch.tensor(t))))
+        is_update_step = torch.tensor(True)  # an algorithm's one flag of this step
         for _ in range(3):  # three parameters share it: one advance per step
-            schedule.update(torch.tensor(True))
+            schedule.update(is_update_step)
         schedule.cache_clear()
     assert values == pytest.approx([0.2, 0.4, 0.6, 0.2])
+
+
+class Staircase(cstorch.sparse.utils.HyperParameterSchedule):
+    """A user schedule keeping its state in ``update()``, as cstorch's ``Cycling`` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.climbed = torch.tensor(0)
+
+    def compute(self, step):
+        return 0.2 + 0.1 * self.climbed.float()
+
+    def update(self, is_update_step):
+        self.climbed = self.climbed + is_update_step.long()
+
+
+class CountedStaircase(Staircase):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def update(self, is_update_step):
+        self.calls += 1
+        super().update(is_update_step)
+
+
+@settings(max_examples=25, deadline=None)
+@given(layers=st.integers(1, 4), freq=st.integers(1, 3), start=st.integers(0, 2), steps=st.integers(1, 5),
+       counted=st.booleans())
+def test_a_user_schedule_overriding_update_advances_once_per_step_however_many_parameters_share_it(
+        layers, freq, start, steps, counted):
+    schedule = CountedStaircase() if counted else Staircase()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(layers)])  # 2 * layers parameters share it
+    alg = cstorch.sparse.GMP(sparsity=schedule, update={"freq": freq, "start": start})
+    alg.apply(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.apply(alg)
+    alg.initialize()
+    for i in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(4, 8, generator=torch.Generator().manual_seed(i))).square().mean().backward()
+        optimizer.step()
+    # once at apply if the run starts sparse, then once per update step (the reference's counts)
+    update_steps = [t for t in range(1, steps + 1) if t >= start and (t - start) % freq == 0]
+    assert int(schedule.climbed) == (start == 0) + len(update_steps)
+    if counted:  # its super().update() ran the parent's; the wrapped update itself ran once per step
+        assert schedule.calls == 1 + steps
+
+
+def test_a_cycling_sparsity_updated_every_step_moves_on_at_the_first_step_too():
+    model = mlp()
+    alg = cstorch.sparse.GMP(sparsity=[0.2, 0.4, 0.6, 0.8])
+    alg.apply(model)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.apply(alg)
+    alg.initialize()
+    levels = []
+    alg.register_target_sparsity_hook(lambda _alg, _name, level: levels.append(round(float(level), 2)))
+    for i in range(4):
+        step(model, optimizer, i)
+    assert levels == [0.4, 0.6, 0.8, 0.2]  # cerebras-pytorch 2.10's values (apply moved it to 0.4)
+
+
+def test_a_step_closure_called_inside_a_traced_step_sees_its_arguments_as_they_were_then():
+    seen = []
+
+    @cstorch.step_closure
+    def log(counter, nested):
+        seen.append((int(counter), float(nested["weights"][0].sum())))
+
+    counter, weight = torch.tensor(0), torch.ones(3)
+
+    @cstorch.trace
+    def training_step():
+        log(counter, {"weights": [weight]})
+        counter.add_(1)
+        weight.mul_(5)
+
+    training_step()
+    assert seen == [(0, 3.0)] and int(counter) == 1
 
 
 def test_a_score_shaper_object_is_honoured_by_rigl_and_the_mask_helpers():

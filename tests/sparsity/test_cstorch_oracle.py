@@ -59,12 +59,30 @@ def test_the_fixtures_cover_every_algorithm_schedule_hook_and_checkpoint_load():
     assert research["skipped_steps"] == [1] and research["uninterrupted_step"] == [11]  # 12 steps, 1 skipped
 
 
+def test_the_fuzz_fixture_holds_200_small_combinations_of_every_kind():
+    path = harness.FIXTURES / "fuzz_combinations.pt"
+    assert path.stat().st_size < 2_000_000
+    recorded = torch.load(path, weights_only=True)
+    specs = [values[0] for key, values in recorded.items() if key.endswith("/spec")]
+    assert len(specs) >= 200
+    seen = {field: {spec[field] for spec in specs} for field in
+            ("algorithm", "choosing", "schedule", "cadence", "micro_batches", "optimizer")}
+    assert seen["algorithm"] == {"static", "gmp", "set", "rigl", "magnitudeshuffle"}
+    assert seen["choosing"] == {"whole_model", "glob", "glob_list", "default_filter", "callable", "two_groups"}
+    assert {"staircase", "counted_cycling", "cycling", "cubic", "lambda"} <= seen["schedule"]
+    assert {"every_step", "freq", "freq_start_stop", "steps", "user"} <= seen["cadence"]
+    assert seen["micro_batches"] == {1, 2, 3} and len(seen["optimizer"]) == 4
+    assert {len(spec["layers"]) for spec in specs} == {1, 2, 3, 4}
+    # every combination recorded its steps: a mask fingerprint before training and after each step
+    assert all(len(recorded[f"{spec['index']:03d}/masks"]) == 7 for spec in specs)
+
+
 def test_the_deliberate_differences_are_exactly_the_documented_ones():
     expected = torch.load(harness.FIXTURES / "deliberate_differences.pt", weights_only=True)
     actual = harness.run_isolated("deliberate_differences", "ours")
     found = harness.differences(expected, actual, "")
-    assert sorted({line.split("[")[0].split(".")[1] for line in found}) == ["cycling_loaded", "restart_kept",
-                                                                           "swapped_out"]
+    assert sorted({line.split("[")[0].split(".")[1] for line in found}) == [
+        "cycling_loaded", "linear_dtype_after_amp_init", "restart_kept", "submodule_masks_kept", "swapped_out"]
     # a cosine drop_fraction: the reference swaps ~the same count every step; ours follows the cosine
     assert actual["swapped_out"][0] == expected["swapped_out"][0]
     assert actual["swapped_out"] == sorted(actual["swapped_out"], reverse=True) and actual["swapped_out"][-1] == 0
@@ -74,3 +92,8 @@ def test_the_deliberate_differences_are_exactly_the_documented_ones():
     assert expected["cycling_loaded"][0]["sparsity"] == {}
     # a 50% checkpoint mask under a 75% config: re-pruned here (100 of 400), kept by the reference
     assert expected["restart_kept"] == [200] and actual["restart_kept"] == [100]
+    # masks loaded through a submodule's load_state_dict: redrawn by the reference's initialize(), kept here
+    assert expected["submodule_masks_kept"] == [False] and actual["submodule_masks_kept"] == [True]
+    # amp.init(): the reference computes every linear of the process in float16, CPU included; here float32
+    assert expected["linear_dtype_after_amp_init"] == ["torch.float16"]
+    assert actual["linear_dtype_after_amp_init"] == ["torch.float32"]

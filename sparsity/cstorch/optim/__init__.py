@@ -12,14 +12,15 @@ import torch
 from .._subclasses import concrete_subclasses
 from . import lr_scheduler
 from .lr_scheduler import LRScheduler
-from .optimizer import SGD, Adam, AdamW, Lion, Optimizer, torch_backed
+from .optimizer import SGD, Adagrad, Adam, Adamax, AdamW, Lion, NAdam, Optimizer, torch_backed
 
 # cstorch names that PyTorch implements under the same name (Lamb has no torch equivalent).
-_TORCH_NAMES = ("Adadelta", "Adafactor", "Adagrad", "Adamax", "ASGD", "Muon", "NAdam", "RAdam", "RMSprop", "Rprop")
+_TORCH_NAMES = ("Adadelta", "Adafactor", "ASGD", "Muon", "RAdam", "RMSprop", "Rprop")
 globals().update({name: torch_backed(getattr(torch.optim, name)) for name in _TORCH_NAMES if hasattr(torch.optim, name)})
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Lion", *(n for n in _TORCH_NAMES if hasattr(torch.optim, n)),
-           "lr_scheduler", "configure_optimizer", "configure_lr_scheduler"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Lion", "Adagrad", "Adamax", "NAdam",
+           *(n for n in _TORCH_NAMES if hasattr(torch.optim, n)), "lr_scheduler", "configure_optimizer",
+           "configure_lr_scheduler"]
 
 # Renamed keys of older configs, refused with the new name (as cstorch does).
 _OPTIMIZER_ALIASES = {"weight_decay": ("weight_decay_rate",), "betas": ("beta1", "beta2"), "eps": ("eps1", "eps2")}

@@ -11,6 +11,7 @@ its in-place step tensor and freezes such a schedule at its first value.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -34,15 +35,49 @@ def _as_step(step: Any) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------ hyper-parameters
+_NOT_YET = object()  # no update this step (None could be an argument)
+
+
+def _once_per_step(update: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    """``update`` that runs once per ``is_update_step`` object until ``cache_clear()``.
+
+    An algorithm passes the same tensor to the schedule of each of its parameters within a
+    step (and ``starts_sparse`` at ``apply``), so a schedule shared by several parameters
+    advances once, as cstorch's per-instance cache of ``update`` makes it. The object is held,
+    not its ``id``, so a freed tensor's address cannot pass for it. A subclass's ``update``
+    that calls ``super().update()`` runs the parent's in full."""
+
+    @functools.wraps(update)
+    def guarded(self: Any, is_update_step: Any) -> None:
+        if self.__dict__.get("_updating"):  # a super().update() call inside the running update
+            update(self, is_update_step)
+            return
+        if self.__dict__.get("_updated_with", _NOT_YET) is is_update_step:
+            return
+        self._updating = True
+        try:
+            update(self, is_update_step)
+        finally:
+            self._updating = False
+        self._updated_with = is_update_step
+
+    guarded.runs_once_per_step = True  # type: ignore[attr-defined]
+    return guarded
+
+
 class HyperParameterSchedule(ABC):
-    """A value per step. ``update(is_update_step)`` advances stateful schedules (Cycling) once
-    per optimizer step however many parameters share the schedule; ``cache_clear()`` ends the
-    step. Subclasses implement ``compute(step)``; a subclass is found in configs by its
-    lowercase class name (``{"type": "cubic", ...}``)."""
+    """A value per step. Subclasses implement ``compute(step)``; stateful ones (Cycling) also
+    ``update(is_update_step)``, which runs once per optimizer step however many parameters
+    share the schedule, whatever a subclass's ``update`` does; ``cache_clear()`` ends the step.
+    A subclass is found in configs by its lowercase class name (``{"type": "cubic", ...}``)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not getattr(cls.update, "runs_once_per_step", False):
+            cls.update = _once_per_step(cls.update)  # type: ignore[method-assign]
 
     def __init__(self) -> None:
         self._memo: tuple[float, torch.Tensor] | None = None
-        self._updated = False
 
     @abstractmethod
     def compute(self, step: torch.Tensor) -> torch.Tensor:
@@ -55,16 +90,12 @@ class HyperParameterSchedule(ABC):
         return self._memo[1]
 
     def update(self, is_update_step: Any) -> None:
-        if not self._updated:
-            self._updated = True
-            self._advance(torch.as_tensor(is_update_step, dtype=torch.bool))
-
-    def _advance(self, is_update_step: torch.Tensor) -> None:
-        """What ``update`` does once per step; stateless schedules do nothing."""
+        """Advances a stateful schedule (called each step after the step's value is read, and
+        once at ``apply``); stateless schedules keep no state."""
 
     def cache_clear(self) -> None:
         self._memo = None
-        self._updated = False
+        self.__dict__.pop("_updated_with", None)
 
     def visit_state(self, fn: Callable[[torch.Tensor], Any]) -> None:
         pass
@@ -152,10 +183,10 @@ class Cycling(HyperParameterSchedule):
     def compute(self, step: torch.Tensor) -> torch.Tensor:
         return torch.tensor(self.values[int(self.index)])
 
-    def _advance(self, is_update_step: torch.Tensor) -> None:
+    def update(self, is_update_step: Any) -> None:
         following = (self.index + 1) % len(self.values)
         # the value already read this step stays (memoised) until cache_clear() ends the step
-        self.index = torch.where(is_update_step, following, self.index)
+        self.index = torch.where(torch.as_tensor(is_update_step, dtype=torch.bool), following, self.index)
 
     def get_min_max_end(self, begin: int, end: int) -> tuple[float, float, float]:
         return (min(self.values), max(self.values), self.values[-1])

@@ -1,7 +1,9 @@
 """Where ``sparsity.cstorch`` differs from the reference on purpose (README, "Porting cstorch
 code"), recorded so the suite checks each difference is exactly the documented one: a
-step-varying ``drop_fraction``, a Cycling schedule's state across ``load_state_dict``, and a
-checkpoint mask loaded under another configured level. ``record`` is provided by the harness."""
+step-varying ``drop_fraction``, a Cycling schedule's state across ``load_state_dict``, a
+checkpoint mask loaded under another configured level, masks loaded through a submodule's
+``load_state_dict``, and ``amp.init()``'s float16 matmuls on the CPU (last: it patches the
+process). ``record`` is provided by the harness."""
 
 import warnings
 
@@ -67,3 +69,21 @@ resumed.apply(resumed_model)
 resumed_model.load_state_dict(checkpoint)
 resumed.initialize()
 record("restart_kept", int(resumed_model[0].weight_mask.sum()))
+
+# 4. a state dict loaded into a submodule of the sparsified model, then initialize()
+source = model_of(5)
+sparsity = cstorch.sparse.Static(sparsity=0.5)
+sparsity.apply(source)
+sparsity.initialize()
+first_layer = {k: v.clone() for k, v in source[0].state_dict().items()}
+target = model_of(6)
+loading = cstorch.sparse.Static(sparsity=0.5)
+loading.apply(target)
+target[0].load_state_dict(first_layer)
+loading.initialize()
+record("submodule_masks_kept", bool(torch.equal(target[0].weight_mask, first_layer["weight_mask"])))
+
+# 5. amp.init(): the dtype a float32 linear layer computes in afterwards
+cstorch.amp.init()
+layer = model_of(7)[0]
+record("linear_dtype_after_amp_init", str(layer(torch.randn(8, 10)).dtype))

@@ -90,7 +90,35 @@ def _mixed_seed(*parts: int | str) -> int:
 
 class SparsityAlgorithm(MaskKeeper, ABC):
     """Base of every algorithm. Subclasses register by lowercase class name and override
-    :meth:`update`, which runs after every optimizer step while ``autoupdate`` is on."""
+    :meth:`update`, which runs after every optimizer step while ``autoupdate`` is on.
+
+    ``model.apply(alg)`` (or ``alg.apply(model)``) creates the masks, as ``<param>_mask``
+    buffers of each sparse parameter's module; ``alg.apply(optimizer)`` hooks the optimizer's
+    steps, after which weights, gradients and optimizer state stay masked.
+
+    Args:
+        sparsity: The fraction of each selected parameter's entries that is zero, in [0, 1):
+            a number, or a schedule of the step (a ``{"type": ...}`` dict, a list for
+            ``cycling``, a callable, or a ``sparsity.schedules.Schedule``).
+        param_filter: Which parameters are sparse: fnmatch globs on full parameter names (one
+            or a list), or a callable ``(name, param) -> bool``. Default:
+            [`DEFAULT_PARAM_FILTER`][sparsity.DEFAULT_PARAM_FILTER] (matrices, not embeddings,
+            norms or ``lm_head``).
+        init_method: The first mask: ``"random"``, ``"topk"`` (largest |w|), ``"from_zeros"``
+            (the weight's zeros), ``"checkerboard"``, or a callable returning a bool mask.
+        distribution: How the global level spreads over the layers: ``"uniform"``, ``"er"``
+            or ``"erk"`` (Erdős–Rényi(-Kernel)).
+        seed: Seeds every random choice, with the step and the parameter name, so masks are
+            identical on every run and replica.
+        tie_breaker: Orders equal scores (default: a random order seeded by seed, step and
+            parameter name).
+
+    Raises:
+        ValueError: ``sparsity`` missing or outside [0, 1), an unknown ``init_method`` or
+            ``distribution``, a ``seed`` that is not an int, or a ``tie_breaker`` that is not
+            a [`ScoreTieBreaker`][sparsity.ScoreTieBreaker]; also, when a subclass is defined
+            with the name of a built-in algorithm.
+    """
 
     registry: ClassVar[dict[str, type[SparsityAlgorithm]]] = {}
     grows_by_gradient: ClassVar[bool] = False
@@ -404,6 +432,18 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
     new mask. Entries inside both masks keep their values and state (an entry dropped and
     regrown in the same update included, as in RigL's reference code and cstorch); entries
     grown from inactive hold 0 everywhere, then :meth:`initialize_grown` may set their weights.
+
+    Args:
+        sparsity: As for [`SparsityAlgorithm`][sparsity.SparsityAlgorithm].
+        update: When masks change, counted in optimizer steps: an int (every that many
+            steps), ``{"freq": f, "start": a, "stop": b}`` (``stop`` exclusive),
+            ``{"steps": [...]}``, or a callable ``step -> bool``. Required.
+        **kwargs: The options of [`SparsityAlgorithm`][sparsity.SparsityAlgorithm]
+            (``param_filter``, ``init_method``, ``distribution``, ``seed``, ``tie_breaker``).
+
+    Raises:
+        ValueError: ``update`` missing (use [`Static`][sparsity.Static] for masks that never
+            change) or malformed, or an invalid option of the base class.
     """
 
     def __init__(self, sparsity: Any = None, *, update: Any = None, **kwargs: Any) -> None:
@@ -475,12 +515,24 @@ def _is_built_in(cls: type) -> bool:
 
 
 def algorithm_names() -> list[str]:
+    """The registered algorithm names (lowercase class names) a config may use, sorted."""
     return sorted(n for n, cls in SparsityAlgorithm.registry.items() if not inspect.isabstract(cls))
 
 
 def get_algorithm_class(name: str) -> type[SparsityAlgorithm]:
     """The class registered under ``name`` (any case); a ``module.ClassName`` is imported. A
-    name not registered yet is looked for again after importing the ``--python_paths`` code."""
+    name not registered yet is looked for again after importing the ``--python_paths`` code.
+
+    Args:
+        name: A registered name such as ``"rigl"``, or ``"module.ClassName"``.
+
+    Returns:
+        The algorithm class.
+
+    Raises:
+        ValueError: The module cannot be imported, or no concrete algorithm has that name
+            (the message lists the known names).
+    """
     from . import plugins
 
     module, _, class_name = str(name).rpartition(".")

@@ -73,6 +73,13 @@ def keep_count(numel: int, sparsity: float) -> int:
 
     Computed in float64 and rounded half-to-even, so 80% of 640 keeps exactly 128 (the reference
     truncates a float32 product and keeps 127).
+
+    Args:
+        numel: The number of entries.
+        sparsity: The fraction to zero, in [0, 1].
+
+    Raises:
+        ValueError: ``sparsity`` outside [0, 1] or NaN.
     """
     if not 0.0 <= sparsity <= 1.0 or math.isnan(sparsity):
         raise ValueError(f"sparsity must be in [0, 1], got {sparsity!r}")
@@ -284,6 +291,15 @@ def topk_mask(
 
     ``k`` is an int or a ``[rows, 1]`` integer tensor. NaN scores rank lowest. Ties follow
     ``tie_breaker`` (default: lowest index first).
+
+    Args:
+        score: ``[rows, members]`` scores; flatten a weight's to ``[1, numel]`` for one count
+            over the whole tensor.
+        k: Entries kept per row.
+        tie_breaker: Orders equal scores.
+
+    Raises:
+        ValueError: ``score`` is not 2-D.
     """
     if score.dim() != 2:
         raise ValueError(f"topk_mask expects a [groups, members] score, got {tuple(score.shape)}")

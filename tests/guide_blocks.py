@@ -114,14 +114,16 @@ def lines_of(*kinds: str) -> list[str]:
     shows); a block holding a "stack" line runs whole in the slow test (its lines depend on
     each other), so its quick lines go there too."""
     found: list[str] = []
+    seen: set[str] = set()
     for block in shell_blocks():
         block_kinds = {kind_of(line) for line in block}
         for line in block:
             kind = kind_of(line)
             if kind == "quick" and "stack" in block_kinds:
                 kind = "stack"
-            if kind in kinds and line not in found:
+            if kind in kinds and line not in seen:
                 found.append(line)
+            seen.add(line)
     return found
 
 

@@ -51,7 +51,7 @@ for label, code in json.load(sys.stdin):
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                            "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"

@@ -188,7 +188,16 @@ class SparsityAlgorithm(MaskKeeper, ABC):
 
     # ----------------------------------------------------------------------------- attaching
     def apply(self, obj: nn.Module | torch.optim.Optimizer) -> None:
-        """Attach to a model (create masks and apply them) or to an optimizer (step hooks)."""
+        """Attach to a model (create masks and apply them) or to an optimizer (step hooks).
+
+        Args:
+            obj: The model, whose parameters the filter selects get a ``<name>_mask`` buffer
+                (kept if one was loaded), or an optimizer of those parameters, after whose
+                steps the algorithm counts, updates and re-masks.
+
+        Raises:
+            TypeError: ``obj`` is neither an ``nn.Module`` nor a ``torch.optim.Optimizer``.
+        """
         if isinstance(obj, nn.Module):
             self._attach_model(obj)
         elif isinstance(obj, torch.optim.Optimizer):
@@ -284,10 +293,12 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         self._handles.append(optimizer.register_step_post_hook(self._after_step))
 
     def sparse_parameters(self) -> list[tuple[str, nn.Parameter, torch.Tensor]]:
+        """``(name, parameter, bool mask)`` of every sparse parameter, in model order."""
         return [(sp.name, sp.param, sp.mask) for sp in self._params]
 
     # ------------------------------------------------------------------------- the schedule
     def is_update_step(self, step: int) -> bool:
+        """Whether optimizer step ``step`` changes the masks (never, for a fixed mask)."""
         return False
 
     def last_update_step(self, until: int) -> int | None:
@@ -412,6 +423,12 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores what :meth:`state_dict` saved (the input is not modified); load the model's
+        own state dict, masks included, separately.
+
+        Raises:
+            ValueError: ``state_dict`` was saved by another algorithm.
+        """
         state = dict(state_dict)  # never mutate the caller's dict (reference bug 2)
         expected = type(self).__name__.lower()
         if state.get("algorithm") != expected:

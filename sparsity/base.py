@@ -310,6 +310,11 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         return self.grows_by_gradient and self.is_update_step(self.step + 1)
 
     def target_sparsity(self, step: int) -> float:
+        """The global sparsity the schedule gives at optimizer step ``step``.
+
+        Raises:
+            ValueError: The schedule's value is outside [0, 1).
+        """
         value = self.sparsity.value_at(step, self.is_update_step(step))
         _check_level("sparsity", value, step)
         return value
@@ -370,11 +375,17 @@ class SparsityAlgorithm(MaskKeeper, ABC):
 
     # --------------------------------------------------------------------- hooks and metrics
     def register_target_sparsity_hook(self, hook: Callable[[SparsityAlgorithm, str, float], None]) -> RemovableHandle:
+        """Calls ``hook(algorithm, parameter name, target sparsity)`` for every sparse parameter
+        when targets are set: at apply and on update steps. Returns a handle whose ``remove()``
+        unregisters it."""
         handle = RemovableHandle(self._target_hooks)
         self._target_hooks[handle.id] = hook
         return handle
 
     def register_computed_sparsity_hook(self, hook: Callable[[SparsityAlgorithm, str, float], None]) -> RemovableHandle:
+        """Calls ``hook(algorithm, parameter name, actual sparsity)`` for every sparse parameter
+        after its masks are computed: at apply and on update steps. Returns a handle whose
+        ``remove()`` unregisters it."""
         handle = RemovableHandle(self._computed_hooks)
         self._computed_hooks[handle.id] = hook
         return handle

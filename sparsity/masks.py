@@ -158,11 +158,14 @@ class TieBreaker:
     """
 
     def keys(self, indices: torch.Tensor) -> torch.Tensor:
+        """The tie-break key of each index along a row (smaller wins); default: the index."""
         return indices
 
 
-# The cstorch blog's name for the same role.
 ScoreTieBreaker = TieBreaker
+"""The cstorch blog's name for the tie breakers' base class
+([`FirstTieBreaker`][sparsity.FirstTieBreaker], [`RandomTieBreaker`][sparsity.RandomTieBreaker]):
+orders equal scores (subclass it, or pass one as an algorithm's ``tie_breaker``)."""
 
 
 class FirstTieBreaker(TieBreaker):
@@ -222,12 +225,16 @@ class ScoreShaper:
         return self._shape_by_call(torch.empty(shape)).shape[0]
 
     def groups(self, shape: torch.Size) -> int:
+        """How many groups (rows of the shaped score) a parameter of ``shape`` has."""
         return 1
 
     def shape(self, score: torch.Tensor) -> torch.Tensor:
+        """``score`` (the parameter's shape) as ``[groups, members]``; each row keeps its own
+        count."""
         return score.reshape(1, -1)
 
     def unshape(self, grouped: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """Undoes :meth:`shape`: a ``[groups, members]`` tensor back to ``shape``."""
         return grouped.reshape(shape)
 
 

@@ -260,6 +260,7 @@ class BaseHyperParameter(Schedule):
     def __call__(self, step: torch.Tensor, is_update_step: torch.Tensor) -> torch.Tensor: ...
 
     def value_at(self, step: int, is_update_step: bool = False) -> float:
+        """The value at optimizer step ``step``: the cstorch call on tensors, as a float."""
         return float(self(torch.tensor(int(step)), torch.tensor(bool(is_update_step))))
 
 

@@ -73,6 +73,21 @@ def test_the_site_builds_strictly_with_every_page_and_the_generated_ones(site):
     assert 'id="sparsity.RigL"' in reference and 'id="sparsity.configure"' in reference
 
 
+@pytest.mark.parametrize("package", ["sparsity", "simulator", "csx_config"])
+def test_every_exported_class_and_function_has_a_docstring(package):
+    """The reference shows documented members only, so an undocumented export would vanish
+    from it."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(package)
+    exported = [getattr(module, name) for name in module.__all__]
+    undocumented = [obj.__name__ for obj in exported
+                    if (inspect.isclass(obj) and not obj.__dict__.get("__doc__"))
+                    or ((inspect.isfunction(obj) or inspect.ismodule(obj)) and not obj.__doc__)]
+    assert not undocumented, f"{package}: document {undocumented}"
+
+
 def test_every_page_is_in_the_navigation():
     """MkDocs only warns about a page outside `nav` in some modes: a page in docs/ that no
     reader can reach from the navigation fails here."""

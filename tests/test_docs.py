@@ -73,7 +73,8 @@ def test_the_site_builds_strictly_with_every_page_and_the_generated_ones(site):
     assert 'id="sparsity.RigL"' in reference and 'id="sparsity.configure"' in reference
 
 
-@pytest.mark.parametrize("package", ["sparsity", "simulator", "csx_config"])
+@pytest.mark.parametrize("package", ["sparsity", "sparsity.checkpoint", "sparsity.schedules",
+                                     "simulator", "csx_config"])
 def test_every_exported_class_and_function_has_a_docstring(package):
     """The reference shows documented members only, so an undocumented export would vanish
     from it."""

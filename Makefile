@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test bench results
+.PHONY: install run test bench results docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,3 +33,7 @@ test: install
 
 bench: install
 	$(PY) bench/run_all.py
+
+# The guide (docs/, mkdocs.yml) into site/; strict: a broken link or reference is an error.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

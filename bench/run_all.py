@@ -6,7 +6,8 @@ numbers: its top-level ratios, rates and latencies, with the machine they were m
 
     python bench/run_all.py [--quick] [--only csr_linear,dp_scaling]
 
-A complete run (no --only) also copies the table into README.md's Benchmarks section.
+A complete run (no --only) also copies the table into the guide's benchmarks page
+(docs/benchmarks.md, between its bench-summary markers).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 SUMMARY = RESULTS / "summary.md"
-README = BENCH.parent / "README.md"
-README_START, README_END = "<!-- bench-summary -->", "<!-- /bench-summary -->"
+BENCHMARKS_PAGE = BENCH.parent / "docs" / "benchmarks.md"
+PAGE_START, PAGE_END = "<!-- bench-summary -->", "<!-- /bench-summary -->"
 # Not benchmarks: this runner, and recovery (a phase of reliability, which runs it).
 NOT_BENCHMARKS = {"run_all", "recovery"}
 HEADLINE = re.compile(r"ratio|per_s|per_param|_ms$|speedup|meets_target|targets_met|crossover|efficiency|fraction")
@@ -95,16 +96,16 @@ def main() -> int:
         "| benchmark | status | wall s | headline (bench/results/<name>.json) |",
         "|---|---|---|---|", *rows, ""]), encoding="utf-8")
     print(SUMMARY.read_text())
-    if not args.only:  # the README shows a complete run only
-        update_readme(SUMMARY.read_text(encoding="utf-8"))
+    if not args.only:  # the guide shows a complete run only
+        update_benchmarks_page(SUMMARY.read_text(encoding="utf-8"))
     return 1 if failed else 0
 
 
-def update_readme(summary: str) -> None:
-    """Put the summary between README's bench-summary markers."""
-    readme = README.read_text(encoding="utf-8")
-    start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
-    README.write_text(readme[:start] + "\n" + summary + readme[end:], encoding="utf-8")
+def update_benchmarks_page(summary: str) -> None:
+    """Put the summary between the benchmarks page's bench-summary markers."""
+    page = BENCHMARKS_PAGE.read_text(encoding="utf-8")
+    start, end = page.index(PAGE_START) + len(PAGE_START), page.index(PAGE_END)
+    BENCHMARKS_PAGE.write_text(page[:start] + "\n" + summary + page[end:], encoding="utf-8")
 
 
 if __name__ == "__main__":

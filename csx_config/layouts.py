@@ -13,6 +13,8 @@ Layout = Literal["params_v1", "params_v2", "trainer"]
 
 
 def detect_layout(data: dict[str, Any]) -> Layout:
+    """Which ModelZoo layout a parsed file uses: ``"trainer"`` (a ``trainer:`` section),
+    ``"params_v1"`` (1.x keys) or ``"params_v2"``."""
     if trainer.is_trainer(data):
         return "trainer"
     return "params_v1" if params_v1.is_v1(data) else "params_v2"

@@ -44,7 +44,17 @@ def params_path(path: str) -> list[str]:
 
 
 def with_overrides(params: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``params`` in the params layout with each override applied (a deep copy)."""
+    """``params`` in the params layout with each override applied (a deep copy).
+
+    Args:
+        params: A parsed file, any layout (a ``trainer:`` file is translated first).
+        overrides: ``section.key=value`` (the value read as YAML) or ``~section.key`` (remove
+            the key), applied in order.
+
+    Raises:
+        ValueError: An override that has neither form, whose path crosses a value that is not
+            a section, or a ``trainer:`` key with no params path.
+    """
     if not overrides:
         return params
     result = yaml.safe_load(yaml.safe_dump(params))  # a deep copy of plain data

@@ -55,6 +55,10 @@ class _Section(BaseModel):
 
 
 class InputSpec(_Section):
+    """The ``eval_input`` section: which data, and how it is batched (``batch_size`` is the
+    global batch in samples, split evenly over ``num_csx``). Hardware-only keys are accepted
+    and listed as not applied."""
+
     SECTION = "eval_input"
     NOT_APPLIED = frozenset({
         "num_workers", "prefetch_factor", "persistent_workers", "micro_batch_size", "use_worker_cache",
@@ -87,6 +91,9 @@ class InputSpec(_Section):
 
 
 class TrainInputSpec(InputSpec):
+    """The ``train_input`` section: as [`InputSpec`][csx_config.InputSpec], with the training
+    data (default ``builtin:shakespeare``), shuffled by default."""
+
     SECTION = "train_input"
     data_dir: str | list[str] = "builtin:shakespeare"
     shuffle: bool = True
@@ -232,6 +239,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 class OptimizerSpec(_Section):
+    """The ``optimizer`` section: a ``torch.optim`` class by name, its learning rate (a number
+    or a list of cstorch schedulers run one after another), weight decay, gradient clipping
+    and per-group learning-rate factors."""
+
     SECTION = "optimizer"
     NOT_APPLIED = frozenset({"log_summaries", "loss_scaling_factor", "initial_loss_scale",
                              "steps_per_increase", "min_loss_scale", "max_loss_scale",
@@ -282,6 +293,10 @@ class OptimizerSpec(_Section):
 
 
 class RunConfigSpec(_Section):
+    """The ``runconfig`` section: steps (``max_steps``, evaluation, checkpoint and logging
+    cadences, all in optimizer steps), the seed, ``num_csx`` (1 to 192 systems) and where the
+    run's model and MLflow experiment go."""
+
     SECTION = "runconfig"
     NOT_APPLIED = frozenset({
         "enable_distributed", "save_initial_checkpoint", "precision_opt_level", "use_cs_grad_accum",

@@ -28,6 +28,21 @@ from csx_config.trainer import is_trainer, trainer_loc
 
 
 class JobSpec(BaseModel):
+    """A ModelZoo params file, validated and normalised: the sections the CLI and the service
+    run (``train_input``, ``eval_input``, ``model``, ``optimizer``, ``sparsity``,
+    ``runconfig``).
+
+    Any layout validates (1.x params, 2.x params, the ``trainer:`` layout): deprecated keys are
+    read as their current meaning (see [`upgrades`][csx_config.JobSpec.upgrades]) and
+    hardware-only keys are accepted but not applied (see
+    [`not_applied`][csx_config.JobSpec.not_applied]).
+
+    Raises:
+        pydantic.ValidationError: On validation, every unknown or invalid key at once, each
+            with its path in the file and the key it probably meant; a feature not built here
+            is refused by name.
+    """
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
 
     train_input: TrainInputSpec = TrainInputSpec()
@@ -92,6 +107,11 @@ class JobSpec(BaseModel):
 
 
 def parse_yaml(text: str) -> dict[str, Any]:
+    """A params file's YAML as a dict of sections (an empty file is ``{}``).
+
+    Raises:
+        ValueError: The YAML does not parse, or is not a mapping.
+    """
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -88,7 +88,17 @@ class CostKnobs:
 
 @dataclass(frozen=True)
 class WaferScaleCluster:
-    """N CS-2 systems fed by MemoryX through a SwarmX tree."""
+    """N CS-2 systems fed by MemoryX through a SwarmX tree.
+
+    Attributes:
+        num_csx: Systems, from 1 to the system's ``max_systems`` (192).
+        system: One system's constants (PEs, clock, I/O).
+        knobs: The assumed efficiencies and latencies.
+
+    Raises:
+        TypeError: `num_csx` is not an int.
+        ValueError: `num_csx` outside [1, max_systems].
+    """
 
     num_csx: int = 1
     system: CS2 = field(default_factory=CS2)
@@ -256,7 +266,26 @@ def _step_ms(per_layer: Sequence[LayerProjection], cluster: WaferScaleCluster) -
 
 def project_step(layers: Sequence[LayerShape], tokens: int, cluster: WaferScaleCluster,
                  dense_grad: bool = False) -> StepProjection:
-    """Projected step of `tokens` tokens (global batch) on `cluster`; dense_grad on update steps."""
+    """Projected step of `tokens` tokens (global batch) on `cluster`; dense_grad on update steps.
+
+    The formula and its assumed constants are in the guide's "Cost model and its assumptions"
+    (docs/benchmarks.md).
+
+    Args:
+        layers: The linear layers with their densities, e.g. from
+            [`layers_from_model`][simulator.layers_from_model] or
+            [`gpt_layer_shapes`][simulator.gpt_layer_shapes].
+        tokens: Tokens in the global batch (split evenly over the cluster's systems).
+        cluster: The systems, their constants and the cost knobs.
+        dense_grad: Stream dense gradients back (RigL/GraNet update steps).
+
+    Returns:
+        Step time in milliseconds on `cluster`, on one system and dense, with the speed-up
+        and scaling efficiency, and the per-layer terms.
+
+    Raises:
+        ValueError: `layers` is empty, or `tokens` is not a positive int.
+    """
     if not layers:
         raise ValueError("layers must not be empty")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:

@@ -179,8 +179,25 @@ def compile_model(model: nn.Module, algorithm: Any = None, *, kernel: KernelPoli
     when a dense weight gradient is needed (``needs_dense_grad()``); `kernel` forces "csr" or
     "dense" instead of the measured rule; `tokens` is the batch size in tokens assumed for the
     first decision (later ones use the real batch); `calibration` replaces the per-process
-    measurement of ``simulator.crossover.calibrate`` (e.g. for reproducible decisions). Returns the model (or the CSR layer when
-    `model` itself is a masked linear layer).
+    measurement of ``simulator.crossover.calibrate`` (e.g. for reproducible decisions).
+
+    Args:
+        model: A model whose sparse linear layers carry a ``weight_mask`` buffer, or one such
+            layer.
+        algorithm: The sparsity algorithm applied to `model`, or None (weight gradients then
+            stay masked).
+        kernel: ``"auto"`` (the measured crossover rule), ``"csr"`` or ``"dense"``.
+        backend: ``"auto"``, ``"native"`` (the C kernels) or ``"torch"``.
+        tokens: Tokens per batch assumed for the first decision.
+        calibration: A fixed crossover calibration instead of measuring one.
+
+    Returns:
+        The model, changed in place (or the CSR layer when `model` itself is a masked linear
+        layer).
+
+    Raises:
+        TypeError: `algorithm` has no ``needs_dense_grad()``.
+        ValueError: `tokens` is not a positive int.
     """
     _check_algorithm(algorithm)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:

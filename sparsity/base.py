@@ -90,7 +90,35 @@ def _mixed_seed(*parts: int | str) -> int:
 
 class SparsityAlgorithm(MaskKeeper, ABC):
     """Base of every algorithm. Subclasses register by lowercase class name and override
-    :meth:`update`, which runs after every optimizer step while ``autoupdate`` is on."""
+    :meth:`update`, which runs after every optimizer step while ``autoupdate`` is on.
+
+    ``model.apply(alg)`` (or ``alg.apply(model)``) creates the masks, as ``<param>_mask``
+    buffers of each sparse parameter's module; ``alg.apply(optimizer)`` hooks the optimizer's
+    steps, after which weights, gradients and optimizer state stay masked.
+
+    Args:
+        sparsity: The fraction of each selected parameter's entries that is zero, in [0, 1):
+            a number, or a schedule of the step (a ``{"type": ...}`` dict, a list for
+            ``cycling``, a callable, or a ``sparsity.schedules.Schedule``).
+        param_filter: Which parameters are sparse: fnmatch globs on full parameter names (one
+            or a list), or a callable ``(name, param) -> bool``. Default:
+            [`DEFAULT_PARAM_FILTER`][sparsity.DEFAULT_PARAM_FILTER] (matrices, not embeddings,
+            norms or ``lm_head``).
+        init_method: The first mask: ``"random"``, ``"topk"`` (largest |w|), ``"from_zeros"``
+            (the weight's zeros), ``"checkerboard"``, or a callable returning a bool mask.
+        distribution: How the global level spreads over the layers: ``"uniform"``, ``"er"``
+            or ``"erk"`` (Erdős–Rényi(-Kernel)).
+        seed: Seeds every random choice, with the step and the parameter name, so masks are
+            identical on every run and replica.
+        tie_breaker: Orders equal scores (default: a random order seeded by seed, step and
+            parameter name).
+
+    Raises:
+        ValueError: ``sparsity`` missing or outside [0, 1), an unknown ``init_method`` or
+            ``distribution``, a ``seed`` that is not an int, or a ``tie_breaker`` that is not
+            a [`ScoreTieBreaker`][sparsity.ScoreTieBreaker]; also, when a subclass is defined
+            with the name of a built-in algorithm.
+    """
 
     registry: ClassVar[dict[str, type[SparsityAlgorithm]]] = {}
     grows_by_gradient: ClassVar[bool] = False
@@ -160,7 +188,16 @@ class SparsityAlgorithm(MaskKeeper, ABC):
 
     # ----------------------------------------------------------------------------- attaching
     def apply(self, obj: nn.Module | torch.optim.Optimizer) -> None:
-        """Attach to a model (create masks and apply them) or to an optimizer (step hooks)."""
+        """Attach to a model (create masks and apply them) or to an optimizer (step hooks).
+
+        Args:
+            obj: The model, whose parameters the filter selects get a ``<name>_mask`` buffer
+                (kept if one was loaded), or an optimizer of those parameters, after whose
+                steps the algorithm counts, updates and re-masks.
+
+        Raises:
+            TypeError: ``obj`` is neither an ``nn.Module`` nor a ``torch.optim.Optimizer``.
+        """
         if isinstance(obj, nn.Module):
             self._attach_model(obj)
         elif isinstance(obj, torch.optim.Optimizer):
@@ -256,10 +293,12 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         self._handles.append(optimizer.register_step_post_hook(self._after_step))
 
     def sparse_parameters(self) -> list[tuple[str, nn.Parameter, torch.Tensor]]:
+        """``(name, parameter, bool mask)`` of every sparse parameter, in model order."""
         return [(sp.name, sp.param, sp.mask) for sp in self._params]
 
     # ------------------------------------------------------------------------- the schedule
     def is_update_step(self, step: int) -> bool:
+        """Whether optimizer step ``step`` changes the masks (never, for a fixed mask)."""
         return False
 
     def last_update_step(self, until: int) -> int | None:
@@ -271,6 +310,11 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         return self.grows_by_gradient and self.is_update_step(self.step + 1)
 
     def target_sparsity(self, step: int) -> float:
+        """The global sparsity the schedule gives at optimizer step ``step``.
+
+        Raises:
+            ValueError: The schedule's value is outside [0, 1).
+        """
         value = self.sparsity.value_at(step, self.is_update_step(step))
         _check_level("sparsity", value, step)
         return value
@@ -331,11 +375,17 @@ class SparsityAlgorithm(MaskKeeper, ABC):
 
     # --------------------------------------------------------------------- hooks and metrics
     def register_target_sparsity_hook(self, hook: Callable[[SparsityAlgorithm, str, float], None]) -> RemovableHandle:
+        """Calls ``hook(algorithm, parameter name, target sparsity)`` for every sparse parameter
+        when targets are set: at apply and on update steps. Returns a handle whose ``remove()``
+        unregisters it."""
         handle = RemovableHandle(self._target_hooks)
         self._target_hooks[handle.id] = hook
         return handle
 
     def register_computed_sparsity_hook(self, hook: Callable[[SparsityAlgorithm, str, float], None]) -> RemovableHandle:
+        """Calls ``hook(algorithm, parameter name, actual sparsity)`` for every sparse parameter
+        after its masks are computed: at apply and on update steps. Returns a handle whose
+        ``remove()`` unregisters it."""
         handle = RemovableHandle(self._computed_hooks)
         self._computed_hooks[handle.id] = hook
         return handle
@@ -384,6 +434,12 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores what :meth:`state_dict` saved (the input is not modified); load the model's
+        own state dict, masks included, separately.
+
+        Raises:
+            ValueError: ``state_dict`` was saved by another algorithm.
+        """
         state = dict(state_dict)  # never mutate the caller's dict (reference bug 2)
         expected = type(self).__name__.lower()
         if state.get("algorithm") != expected:
@@ -404,6 +460,18 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
     new mask. Entries inside both masks keep their values and state (an entry dropped and
     regrown in the same update included, as in RigL's reference code and cstorch); entries
     grown from inactive hold 0 everywhere, then :meth:`initialize_grown` may set their weights.
+
+    Args:
+        sparsity: As for [`SparsityAlgorithm`][sparsity.SparsityAlgorithm].
+        update: When masks change, counted in optimizer steps: an int (every that many
+            steps), ``{"freq": f, "start": a, "stop": b}`` (``stop`` exclusive),
+            ``{"steps": [...]}``, or a callable ``step -> bool``. Required.
+        **kwargs: The options of [`SparsityAlgorithm`][sparsity.SparsityAlgorithm]
+            (``param_filter``, ``init_method``, ``distribution``, ``seed``, ``tie_breaker``).
+
+    Raises:
+        ValueError: ``update`` missing (use [`Static`][sparsity.Static] for masks that never
+            change) or malformed, or an invalid option of the base class.
     """
 
     def __init__(self, sparsity: Any = None, *, update: Any = None, **kwargs: Any) -> None:
@@ -475,12 +543,24 @@ def _is_built_in(cls: type) -> bool:
 
 
 def algorithm_names() -> list[str]:
+    """The registered algorithm names (lowercase class names) a config may use, sorted."""
     return sorted(n for n, cls in SparsityAlgorithm.registry.items() if not inspect.isabstract(cls))
 
 
 def get_algorithm_class(name: str) -> type[SparsityAlgorithm]:
     """The class registered under ``name`` (any case); a ``module.ClassName`` is imported. A
-    name not registered yet is looked for again after importing the ``--python_paths`` code."""
+    name not registered yet is looked for again after importing the ``--python_paths`` code.
+
+    Args:
+        name: A registered name such as ``"rigl"``, or ``"module.ClassName"``.
+
+    Returns:
+        The algorithm class.
+
+    Raises:
+        ValueError: The module cannot be imported, or no concrete algorithm has that name
+            (the message lists the known names).
+    """
     from . import plugins
 
     module, _, class_name = str(name).rpartition(".")

@@ -72,8 +72,20 @@ def configure(config: Any, *, param_filter: ParamFilter | None = None) -> Sparsi
     """Builds a :class:`~SparsityAlgorithm` (a :class:`~sparsity.Group` for several groups)
     from a raw config: a float, a dict, a list of group dicts, or ``{"groups": [...]}``.
 
-    ``param_filter`` replaces the default filter for every group that does not name its own.
-    Bad keys, names and values raise ValueError naming the key and its location.
+    Both ModelZoo layouts are read: 2.x (``algorithm``, ``sparsity``, ``param_filter``,
+    ``update``, ...) and 1.8/2.1 (``type``, ``schedule``, ``param_name_patterns``,
+    ``sparsity_schedule``); every other key is a constructor argument of the algorithm.
+
+    Args:
+        config: A sparsity level (a ``Static`` at that level), a section dict, a list of
+            section dicts (one group each, first match wins), or ``{"groups": [...]}``.
+        param_filter: Replaces the default filter for every group that does not name its own.
+
+    Returns:
+        The algorithm, not yet applied to a model.
+
+    Raises:
+        ValueError: A bad key, name or value, with the key and its location in the message.
     """
     return _build(config, param_filter, "sparsity")
 

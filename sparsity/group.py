@@ -22,6 +22,12 @@ class Group(SparsityAlgorithm):
     Keys are fnmatch globs (full names), lists of globs, or callables ``(name, param) -> bool``;
     they replace the members' own filters. A parameter goes to the first group whose key matches
     it; unmatched parameters stay dense. Each member counts the optimizer's steps itself.
+
+    Args:
+        groups: ``{key: algorithm}`` or ``(key, algorithm)`` pairs, in matching order.
+
+    Raises:
+        ValueError: A member that is not an algorithm, or is itself a Group.
     """
 
     registered = False

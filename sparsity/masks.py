@@ -73,6 +73,13 @@ def keep_count(numel: int, sparsity: float) -> int:
 
     Computed in float64 and rounded half-to-even, so 80% of 640 keeps exactly 128 (the reference
     truncates a float32 product and keeps 127).
+
+    Args:
+        numel: The number of entries.
+        sparsity: The fraction to zero, in [0, 1].
+
+    Raises:
+        ValueError: ``sparsity`` outside [0, 1] or NaN.
     """
     if not 0.0 <= sparsity <= 1.0 or math.isnan(sparsity):
         raise ValueError(f"sparsity must be in [0, 1], got {sparsity!r}")
@@ -151,11 +158,14 @@ class TieBreaker:
     """
 
     def keys(self, indices: torch.Tensor) -> torch.Tensor:
+        """The tie-break key of each index along a row (smaller wins); default: the index."""
         return indices
 
 
-# The cstorch blog's name for the same role.
 ScoreTieBreaker = TieBreaker
+"""The cstorch blog's name for the tie breakers' base class
+([`FirstTieBreaker`][sparsity.FirstTieBreaker], [`RandomTieBreaker`][sparsity.RandomTieBreaker]):
+orders equal scores (subclass it, or pass one as an algorithm's ``tie_breaker``)."""
 
 
 class FirstTieBreaker(TieBreaker):
@@ -215,12 +225,16 @@ class ScoreShaper:
         return self._shape_by_call(torch.empty(shape)).shape[0]
 
     def groups(self, shape: torch.Size) -> int:
+        """How many groups (rows of the shaped score) a parameter of ``shape`` has."""
         return 1
 
     def shape(self, score: torch.Tensor) -> torch.Tensor:
+        """``score`` (the parameter's shape) as ``[groups, members]``; each row keeps its own
+        count."""
         return score.reshape(1, -1)
 
     def unshape(self, grouped: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """Undoes :meth:`shape`: a ``[groups, members]`` tensor back to ``shape``."""
         return grouped.reshape(shape)
 
 
@@ -284,6 +298,15 @@ def topk_mask(
 
     ``k`` is an int or a ``[rows, 1]`` integer tensor. NaN scores rank lowest. Ties follow
     ``tie_breaker`` (default: lowest index first).
+
+    Args:
+        score: ``[rows, members]`` scores; flatten a weight's to ``[1, numel]`` for one count
+            over the whole tensor.
+        k: Entries kept per row.
+        tie_breaker: Orders equal scores.
+
+    Raises:
+        ValueError: ``score`` is not 2-D.
     """
     if score.dim() != 2:
         raise ValueError(f"topk_mask expects a [groups, members] score, got {tuple(score.shape)}")

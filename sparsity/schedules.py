@@ -98,6 +98,8 @@ class Schedule(ABC):
 
 
 class Constant(Schedule):
+    """The same ``value`` at every step (what a number as ``sparsity`` becomes)."""
+
     def __init__(self, value: float) -> None:
         self.value = float(value)
 
@@ -260,10 +262,12 @@ class BaseHyperParameter(Schedule):
     def __call__(self, step: torch.Tensor, is_update_step: torch.Tensor) -> torch.Tensor: ...
 
     def value_at(self, step: int, is_update_step: bool = False) -> float:
+        """The value at optimizer step ``step``: the cstorch call on tensors, as a float."""
         return float(self(torch.tensor(int(step)), torch.tensor(bool(is_update_step))))
 
 
 def schedule_names() -> list[str]:
+    """The registered schedule types a ``{"type": ...}`` config may name, sorted."""
     return sorted(Schedule.registry)
 
 
@@ -356,6 +360,12 @@ class Periodic(UpdateSchedule):
 
 
 class AtSteps(UpdateSchedule):
+    """Updates at the listed optimizer steps only (``update: {steps: [...]}``).
+
+    Raises:
+        ValueError: A step below 1.
+    """
+
     def __init__(self, steps: Sequence[int]) -> None:
         self.steps = frozenset(int(s) for s in steps)
         if any(s < 1 for s in self.steps):

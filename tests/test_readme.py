@@ -1,87 +1,44 @@
-"""Every command in README.md, run the way a reader runs it.
+"""The guide's commands that train or talk to a service, run the way a reader runs them.
 
-Python blocks run as scripts; `sparsity:` YAML blocks go through `sparsity.configure`. Every
-line of every fenced shell block is classified (`LINE_KINDS`); an unclassified line fails the
-suite, so a new README command gets a decision here. Lines run as written in a bash that
-first sources the README's activation line (with this interpreter's virtualenv for `.venv`,
-its `bin` taken off PATH, so a command that needs activation fails without it), from a
-folder holding `examples/`, so nothing is written into the clone. Training and service
-lines run against a local stack (`service.local_stack.LocalStack`, what `make run` starts),
-with `examples/*.yaml` swapped for tiny copies (4 steps) and the API address for the stack's.
+README.md and the site's pages (tests/guide_blocks.py collects their blocks in guide order and
+classifies every shell line; tests/test_docs.py runs the fast ones). Lines run as written in a
+bash that first sources the README's activation line (with this interpreter's virtualenv for
+`.venv`, its `bin` taken off PATH, so a command that needs activation fails without it), from a
+folder holding `examples/`, so nothing is written into the clone. Training and service lines
+run against a local stack (`service.local_stack.LocalStack`, what `make run` starts), with
+`examples/*.yaml` swapped for tiny copies (4 steps) and the API address for the stack's.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-README_API = "http://127.0.0.1:8000"
-ACTIVATE = "source .venv/bin/activate"
-VENV_BIN = Path(sys.prefix) / "bin"
+from guide_blocks import (
+    ACTIVATE,
+    README_API,
+    ROOT,
+    VENV_BIN,
+    FENCE,
+    commands,
+    lines_of,
+    reader_environment,
+    reader_folder,
+    reader_shell,
+)
+
 TINY_STEPS = 4
-SHELL_BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", flags=re.S)
-
-# (pattern on the whole line, kind, why). First match wins. Kinds: "skip" is not run here (the
-# reason says what covers it), "activate" is the prefix of every other line, "quick" runs in the
-# fast test, "stack" lines run in the slow test in README order against a local stack,
-# "provided" lines are what that stack itself does, "server" lines start a server that is
-# polled, then stopped.
-LINE_KINDS: list[tuple[str, str, str]] = [
-    (r"make run", "skip", "minutes: `csx local-study` on examples/study.yaml, run on a tiny "
-                          "study by tests/service/test_service_local_stack.py"),
-    (r"make test", "skip", "this suite"),
-    (r"make (results|bench)", "skip", "hours: benchmarks and docs/results.md"),
-    (re.escape(ACTIVATE), "activate", "sourced before every other line"),
-    (r"csx( \S+)? --help", "quick", ""),
-    (r"csx run .* --validate_only", "quick", "meta-device plan, seconds"),
-    (r"csx convert .*", "quick", ""),
-    (r"csx serve --dev-token &", "provided", "the stack runs it on a free port"),
-    (r"export CSX_TOKEN=csx_\.\.\.", "provided", "the stack reads the printed token"),
-    (r"csx (preprocess|run|finalize|submit|study) .*", "stack", "trains: tiny copies, 4 steps"),
-    (r"curl .*", "stack", "the service's REST API"),
-    (r"mlflow ui .*", "server", "runs until stopped"),
-]
 
 
-def blocks(text: str, language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
-
-
-def commands(block: str) -> list[str]:
-    """Lines of a shell block without their trailing comments."""
-    return [re.sub(r"\s+#.*$", "", line).strip() for line in block.strip().splitlines()]
-
-
-def shell_blocks() -> list[list[str]]:
-    return [commands(block) for block in SHELL_BLOCK.findall(README)]
-
-
-def kind_of(line: str) -> str | None:
-    return next((kind for pattern, kind, _ in LINE_KINDS if re.fullmatch(pattern, line)), None)
-
-
-def lines_of(*kinds: str) -> list[str]:
-    """README lines of these kinds, in README order; a block holding a "stack" line runs whole
-    in the slow test (its lines depend on each other), so its quick lines go there too."""
-    found = []
-    for block in shell_blocks():
-        block_kinds = {kind_of(line) for line in block}
-        for line in block:
-            kind = kind_of(line)
-            if kind == "quick" and "stack" in block_kinds:
-                kind = "stack"
-            if kind in kinds:
-                found.append(line)
-    return found
+def readme_lines() -> list[str]:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return [line for language, text in FENCE.findall(readme) if language == "bash"
+            for line in commands(text)]
 
 
 def tiny(example: str, folder: Path) -> Path:
@@ -98,43 +55,9 @@ def tiny(example: str, folder: Path) -> Path:
     return path
 
 
-def reader_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The test's environment without the virtualenv on PATH: activation must put it there."""
-    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p) != VENV_BIN]
-    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
-    return {**env, "PATH": os.pathsep.join(path), "PYTHONPATH": str(ROOT), **(extra or {})}
-
-
-def reader_shell(folder: Path, env: dict[str, str], swaps: dict[str, str] | None = None):
-    """Runs one README line after the activation line, in `folder`; returns its stdout."""
-    activate = ACTIVATE.replace(".venv/bin", str(VENV_BIN))
-
-    def run(line: str, timeout: float = 300) -> str:
-        for old, new in (swaps or {}).items():
-            line = line.replace(old, new)
-        done = subprocess.run(["bash", "-c", f"{activate} && {line}"], cwd=folder, env=env,
-                              capture_output=True, text=True, timeout=timeout)
-        assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
-        return done.stdout
-
-    return run
-
-
-def reader_folder(folder: Path) -> Path:
-    (folder / "examples").symlink_to(ROOT / "examples")
-    return folder
-
-
-def test_every_shell_line_is_classified():
-    lines = [line for block in shell_blocks() for line in block]
-    assert len(lines) >= 15
-    unclassified = [line for line in lines if kind_of(line) is None]
-    assert not unclassified, f"classify these README commands in LINE_KINDS: {unclassified}"
-
-
 def test_activation_comes_before_the_first_venv_command():
     """A reader going top to bottom activates the virtualenv before the first `csx`/`mlflow`."""
-    lines = [line for block in shell_blocks() for line in block]
+    lines = readme_lines()
     first_venv = next(i for i, line in enumerate(lines) if re.match(r"(csx|mlflow) ", line))
     assert ACTIVATE in lines[:first_venv]
 
@@ -144,35 +67,6 @@ def test_without_activation_csx_is_not_found(tmp_path):
     done = subprocess.run(["bash", "-c", "csx --help"], cwd=tmp_path, env=reader_environment(),
                           capture_output=True, text=True)
     assert done.returncode == 127 and "command not found" in done.stderr
-
-
-def test_quick_lines_run_as_written(tmp_path):
-    run = reader_shell(reader_folder(tmp_path), reader_environment())
-    quick = lines_of("quick")
-    assert any("--validate_only" in line for line in quick)
-    for line in quick:
-        out = run(line)
-        if "--help" in line:
-            assert out.startswith("usage: csx")
-        if "--validate_only" in line:
-            assert "FLOPs/token" in out and "speedup vs dense" in out
-
-
-def test_python_blocks_run():
-    for block in blocks(README, "python"):
-        done = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)
-        assert done.returncode == 0, f"{block}\n{done.stderr}"
-
-
-def test_sparsity_yaml_blocks_configure():
-    import sparsity
-
-    sections = [yaml.safe_load(b) for b in blocks(README, "yaml")]
-    sections = [s["sparsity"] for s in sections if isinstance(s, dict) and "sparsity" in s]
-    assert len(sections) >= 2  # both ModelZoo layouts
-    for section in sections:
-        assert sparsity.configure(section) is not None
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +79,7 @@ def stack(tmp_path_factory):
 
 @pytest.mark.slow
 def test_stack_lines_run_in_order(stack, tmp_path):
-    """Training, service and REST lines in README order: preprocessing feeds the porting
+    """Training, service and REST lines in guide order: preprocessing feeds the porting
     run, training feeds `csx finalize`, the studies land in the stack's store."""
     folder = reader_folder(tmp_path)
     swaps = {f"examples/{name}": str(tiny(name, folder)) for name in ("rigl.yaml", "study.yaml")}
@@ -214,7 +108,7 @@ def test_stack_lines_run_in_order(stack, tmp_path):
 @pytest.mark.slow
 def test_a_copied_store_opens_with_the_readme_line_after_the_original_is_gone(tmp_path):
     """Runs logged the way the stack logs them (through `mlflow ui` with the stack's flags),
-    the state folder copied and the original deleted: the README's `mlflow ui` line (port
+    the state folder copied and the original deleted: the guide's `mlflow ui` line (port
     swapped for a free one), run beside the copy, serves the runs and their artifacts."""
     import shutil
     import sqlite3

@@ -9,7 +9,12 @@ from ..masks import keep_count, keep_top_active
 
 
 class GMP(DynamicSparsityAlgorithm):
-    """Keep the top-|w| entries at the scheduled sparsity; pruned weights never return."""
+    """Keep the top-|w| entries at the scheduled sparsity; pruned weights never return.
+
+    Takes the arguments of [`DynamicSparsityAlgorithm`][sparsity.DynamicSparsityAlgorithm]:
+    ``sparsity`` is usually a rising schedule (e.g. ``{"type": "cubic", ...}``), and on each
+    ``update`` step the smallest active weights are pruned to reach it.
+    """
 
     def update_mask(self, p: torch.nn.Parameter, mask: torch.Tensor, sparsity: float) -> torch.Tensor:
         keep = keep_count(p.numel(), sparsity)

@@ -20,6 +20,22 @@ class GraNet(RigL):
     between ``update.start`` and the last update step. ``pruning="global"`` ranks |w| across all
     its layers (layer levels may differ); ``"layer"`` prunes each layer to the target. The drop
     fraction defaults to the paper's cosine decay from 0.3 over the update window.
+
+    Args:
+        sparsity: The final level in [0, 1) (reached at the last update step of the window), or
+            a schedule of the step that replaces the cubic one.
+        update: The update cadence; with a number as ``sparsity`` it must be
+            ``{"freq": f, "start": a, "stop": b}``, whose window the cubic spans.
+        init_sparsity: The level at ``update.start``, in [0, 1).
+        drop_fraction: As for [`SET`][sparsity.SET]; default the cosine decay above.
+        pruning: ``"global"`` or ``"layer"``.
+        **kwargs: The options of [`RigL`][sparsity.RigL] and of
+            [`SparsityAlgorithm`][sparsity.SparsityAlgorithm].
+
+    Raises:
+        ValueError: An unknown ``pruning``; with a number as ``sparsity``, an ``update``
+            without ``freq``/``start``/``stop``, a window holding no update step, or a level
+            outside [0, 1); or an invalid option of RigL, SET or the base class.
     """
 
     def __init__(

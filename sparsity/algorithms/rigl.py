@@ -23,6 +23,24 @@ class RigL(SET):
     cstorch) grows by the |gradient| rescaled to equal row and column sums
     (:func:`sparsity.masks.sinkhorn_scaled`), so growth does not pile onto the rows and columns
     with the largest error and input scales (docs/results.md, "Why RigL trailed Static").
+
+    Args:
+        sparsity: As for [`SparsityAlgorithm`][sparsity.SparsityAlgorithm].
+        update: The update cadence, as for
+            [`DynamicSparsityAlgorithm`][sparsity.DynamicSparsityAlgorithm].
+        drop_fraction: As for [`SET`][sparsity.SET].
+        balance_in_groups: Grow and drop an equal count in each of this many groups of input
+            columns.
+        balance_out_groups: Grow and drop an equal count in each of this many groups of output
+            rows (e.g. one per attention head).
+        grow_score_scaling: ``None`` (the paper's |gradient|) or ``"sinkhorn"``.
+        **kwargs: The options of [`SET`][sparsity.SET] (``grow_init``, ``score_shaper``) and
+            of [`SparsityAlgorithm`][sparsity.SparsityAlgorithm].
+
+    Raises:
+        ValueError: A group count that is not a positive int, both group counts, a group count
+            with a ``score_shaper``, an unknown ``grow_score_scaling``, or an invalid option of
+            SET or the base class.
     """
 
     grows_by_gradient = True

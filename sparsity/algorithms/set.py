@@ -29,6 +29,23 @@ class SET(DynamicSparsityAlgorithm):
 
     When the target level moves between updates the extra difference is dropped (or grown) in
     the same update, so nnz equals the scheduled target after every update (reference bug 5).
+
+    Args:
+        sparsity: As for [`SparsityAlgorithm`][sparsity.SparsityAlgorithm].
+        update: The update cadence, as for
+            [`DynamicSparsityAlgorithm`][sparsity.DynamicSparsityAlgorithm].
+        drop_fraction: The fraction of active entries dropped (and regrown) per update: a
+            number in [0, 1] or a schedule of the step (e.g. ``{"type": "cosine", ...}``).
+        grow_init: The weight of an entry grown from inactive: ``"zeros"``,
+            ``"random_normal"`` or ``"initial_dist"``.
+        score_shaper: Reshapes drop and grow scores, e.g. an
+            [`OutputGroupScoreShaper`][sparsity.OutputGroupScoreShaper] for an equal count per
+            group of rows.
+        **kwargs: The options of [`SparsityAlgorithm`][sparsity.SparsityAlgorithm].
+
+    Raises:
+        ValueError: An unknown ``grow_init``, a ``score_shaper`` that is not a
+            [`ScoreShaper`][sparsity.ScoreShaper], or an invalid base option.
     """
 
     def __init__(self, sparsity: Any = None, *, update: Any = None, drop_fraction: Any = 0.3,

@@ -14,6 +14,11 @@ workers, uvicorn under `mlflow ui`) when its stdin closes: on the service's shut
 when the service is killed with SIGKILL, since the kernel closes the pipe of a dead process. If
 this watcher itself is killed, the command gets SIGTERM from the kernel (a parent-death signal)
 and stops the same way.
+
+A server that dies is restarted (`--restart`): what is left of its process tree is killed first,
+so a dead `mlflow ui`'s worker no longer holds the port, its log is kept beside the new one as
+`<log>.1`, and it comes back on the same port. More than MAX_RESTARTS deaths within
+RESTART_WINDOW_S end the watcher instead: a server that cannot stay up is reported, not looped.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -42,6 +48,8 @@ from service.local_stack import (
 )
 
 READY = "READY"
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 600.0
 
 
 class SupervisedChild:
@@ -49,10 +57,10 @@ class SupervisedChild:
 
     def __init__(self, name: str, argv: list[str], *, log_path: Path, env: dict[str, str],
                  ready_line: str | None = None, ready_url: str | None = None,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, restart: bool = False) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         watcher = [sys.executable, "-m", "service.supervised", "--log", str(log_path),
-                   "--timeout", str(start_timeout_s)]
+                   "--timeout", str(start_timeout_s)] + (["--restart"] if restart else [])
         watcher += ["--ready-line", ready_line] if ready_line else ["--ready-url", str(ready_url)]
         self.popen = subprocess.Popen([*watcher, "--", *argv], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, env=env, text=True)
@@ -105,16 +113,18 @@ class MlflowUI(SupervisedChild):
         check_port_free(address.port)
         self.url = f"http://{HOST}:{address.port}"
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # DESIGN §6
+        # Restarted when it dies: every job logs through it, so a dead UI would stall them all.
         super().__init__("the MLflow UI", mlflow_ui_argv(store, store.parent / MLFLOW_ARTIFACTS,
                                                         address.port),
                          log_path=log_path, env=env, ready_url=f"{self.url}/health",
-                         start_timeout_s=start_timeout_s)
+                         start_timeout_s=start_timeout_s, restart=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.supervised")
     parser.add_argument("--log", type=Path, required=True)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--restart", action="store_true", help="restart the server if it dies")
     ready = parser.add_mutually_exclusive_group(required=True)
     ready.add_argument("--ready-line", help="regular expression the log prints once up")
     ready.add_argument("--ready-url", help="URL that answers 200 once up")
@@ -128,24 +138,47 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin_closed = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stdin_closed.set())
-    server = StackProcess.start(Path(command[0]).name, command, log_path=args.log,
-                                env=dict(os.environ), cwd=args.log.parent, die_with_parent=True)
+
+    def start() -> StackProcess:
+        server = StackProcess.start(Path(command[0]).name, command, log_path=args.log,
+                                    env=dict(os.environ), cwd=args.log.parent,
+                                    die_with_parent=True)
+        try:
+            if args.ready_line:
+                wait_for_line(re.compile(args.ready_line), server, args.timeout)
+            else:
+                wait_until_up(args.ready_url, server, args.timeout)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    server = None
+    deaths: list[float] = []
     try:
-        if args.ready_line:
-            wait_for_line(re.compile(args.ready_line), server, args.timeout)
-        else:
-            wait_until_up(args.ready_url, server, args.timeout)
+        server = start()
         print(READY, flush=True)
         threading.Thread(target=lambda: (sys.stdin.read(), stdin_closed.set()),
                          daemon=True).start()
         while not stdin_closed.wait(1.0):
-            server.check_alive()
+            try:
+                server.check_alive()
+                continue
+            except StackError:
+                now = time.monotonic()
+                deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
+                if not args.restart or len(deaths) > MAX_RESTARTS:
+                    raise
+            server.stop()  # what it left running, its port included
+            args.log.replace(args.log.with_name(args.log.name + ".1"))
+            server = start()
         return 0
     except StackError as err:
-        print(f"{server.name} failed: {err}".replace("\n", " ")[:2000], flush=True)
+        print(f"{Path(command[0]).name} failed: {err}".replace("\n", " ")[:2000], flush=True)
         return 1
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":

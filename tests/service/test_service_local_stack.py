@@ -15,6 +15,8 @@ import yaml
 
 from service.local_stack import (
     LocalStack,
+    descendants,
+    free_port,
     StackError,
     StackProcess,
     format_report,
@@ -190,3 +192,32 @@ def test_mlflow_ui_of_csx_serve_refuses_an_address_it_cannot_serve(tmp_path):
             MlflowUI(store=tmp_path / "mlflow.db", url=f"http://127.0.0.1:{port}",
                      log_path=tmp_path / "ui.log")
     assert not (tmp_path / "ui.log").exists()  # nothing was started
+
+
+def test_mlflow_ui_that_dies_is_restarted_on_its_port(tmp_path):
+    """Today's UI, killed, stayed dead: the running job hung and every new one failed after
+    minutes of retries. Its watcher now kills what the dead server left (a worker holding the
+    port) and starts it again on the same address, keeping the old log beside the new one."""
+    import httpx
+
+    port = free_port()
+    ui = MlflowUI(store=tmp_path / "mlflow.db", url=f"http://127.0.0.1:{port}",
+                  log_path=tmp_path / "ui.log")
+    try:
+        first = next(pid for pid in descendants(ui.popen.pid)  # `mlflow ui`, the watcher's child
+                     if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                     == str(ui.popen.pid))
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: (tmp_path / "ui.log.1").exists(), 60, "the watcher to notice")
+        wait_for(lambda: _answers(httpx, f"{ui.url}/health"), 180, "the UI to come back")
+        assert first not in descendants(ui.popen.pid)
+        assert ui.popen.poll() is None, "the watcher itself keeps running"
+    finally:
+        ui.close()
+
+
+def _answers(httpx, url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False

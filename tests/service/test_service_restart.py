@@ -1,11 +1,14 @@
-"""Restart safety with a real crash: SIGKILL the uvicorn process (and the Ray runtime it
-started) mid-training; the restarted service resumes the job from its last checkpoint as
+"""Restart safety with a real stop and a real crash, mid-training: SIGTERM the uvicorn process
+(it exits 0 and leaves the job resumable, not FAILED), then, after it resumed, SIGKILL it and the
+Ray runtime it started; each restarted service resumes the job from its last checkpoint as
 RECOVERING, runs it once to the end, and keeps queued jobs queued."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 
 from service_helpers import REPO_ROOT, ServerProcess, is_alive, processes_with_env, wait_for
 
-MAX_STEPS = 300
+MAX_STEPS = 400
 CHECKPOINT_STEPS = 20
 PARAMS = {
     "train_input": {"batch_size": 4, "max_sequence_length": 16},
@@ -51,13 +54,26 @@ def test_kill_mid_training_then_resume_once(tmp_path: Path) -> None:
         waiting = httpx.post(server.url + "/v1/jobs", json={"params": PARAMS}, headers=auth,
                              timeout=30).json()["id"]
 
-        def past_first_checkpoint() -> int | None:
+        def past_checkpoint(after: int) -> int | None:
             job = _get(server, token, f"/v1/jobs/{running}").json()
             assert job["status"] not in ("FAILED", "SUCCEEDED"), job
             step = (job["progress"] or {}).get("step", 0)
-            return step if step > CHECKPOINT_STEPS else None
+            return step if step > after + CHECKPOINT_STEPS else None
 
-        killed_at = wait_for(past_first_checkpoint, 600, "training past the first checkpoint")
+        stopped_at = wait_for(lambda: past_checkpoint(0), 600, "training past a checkpoint")
+        assert server.process is not None
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(180) == 0, "SIGTERM must end the server cleanly"
+        with sqlite3.connect(tmp_path / "csx.db") as db:
+            left = db.execute("SELECT status FROM jobs WHERE id = ?", (running,)).fetchone()[0]
+            moves = [row[0] for row in db.execute(
+                "SELECT to_status FROM job_events WHERE job_id = ? ORDER BY id", (running,))]
+        assert left == "RUNNING" and "FAILED" not in moves, (left, moves)
+        server.stop()
+
+        server.start()
+        killed_at = wait_for(lambda: past_checkpoint(stopped_at), 600,
+                             "the resumed job past another checkpoint")
         victims = server.kill_hard()
         assert killed_at < MAX_STEPS
         wait_for(lambda: not any(is_alive(p) for p in victims), 20, "the crashed processes to die")
@@ -74,15 +90,18 @@ def test_kill_mid_training_then_resume_once(tmp_path: Path) -> None:
         events = [e["to_status"] for e in _get(server, token, f"/v1/jobs/{running}/events")
                   .json()["data"]]
         assert events == ["QUEUED", "VALIDATING", "PROVISIONING", "RUNNING", "RECOVERING",
-                          "RUNNING", "SUCCEEDED"]
+                          "RUNNING", "RECOVERING", "RUNNING", "SUCCEEDED"]
         log = _get(server, token, f"/v1/jobs/{running}/logs").text
-        after_restart = log.split("resuming after restart", 1)
-        assert len(after_restart) == 2 and "resuming after restart" not in after_restart[1]
-        steps = [json.loads(line.split(" ", 1)[1])["step"] for line in after_restart[1].splitlines()
-                 if '"step"' in line]
-        # Resumed from a checkpoint (step >= 20), not from scratch, and never past the end.
-        assert steps and steps[0] > CHECKPOINT_STEPS and steps[-1] == MAX_STEPS
-        assert steps == sorted(steps)
+        assert "service stopping: the job resumes from its last checkpoint" in log
+        restarts = log.split("resuming (service restarted)")
+        assert len(restarts) == 3
+        for after, interrupted_at in zip(restarts[1:], (stopped_at, killed_at)):
+            steps = [json.loads(line.split(" ", 1)[1])["step"] for line in after.splitlines()
+                     if '"step"' in line and line.split(" ", 1)[1].startswith("{")]
+            # Resumed from the checkpoint before the interruption, not from scratch, and never
+            # past the end.
+            assert steps and steps[0] >= interrupted_at - CHECKPOINT_STEPS
+            assert steps == sorted(steps) and steps[-1] <= MAX_STEPS
         # The second job then gets the single system.
         wait_for(lambda: _get(server, token, f"/v1/jobs/{waiting}").json()["status"] != "QUEUED",
                  180, "the queued job to start")

@@ -94,7 +94,8 @@ def serve_command(args: argparse.Namespace) -> int:
     ui = None
     if settings.mlflow_tracking_uri.startswith("sqlite:") and not args.no_mlflow_ui:
         # Runs logged through the UI's artifact proxy record `mlflow-artifacts:/` locations, not
-        # absolute file:// paths: the store opens from a copy (README, "Comparing the variants").
+        # absolute file:// paths: the store opens from a copy (docs/studies.md, "Comparing the
+        # variants in MLflow").
         from service.supervised import MlflowUI
 
         store = Path(settings.mlflow_tracking_uri.removeprefix("sqlite:///"))

@@ -288,7 +288,7 @@ class LocalStack:
             "CSX_DATABASE_URL": f"sqlite:///{state / 'csx.db'}",
             # Through the UI's server: it stores artifacts under mlartifacts/ and records
             # `mlflow-artifacts:/` locations, relative to that folder, so a copy of the state
-            # folder opens anywhere (README, "Comparing the variants in MLflow").
+            # folder opens anywhere (docs/studies.md, "Comparing the variants in MLflow").
             "CSX_MLFLOW_TRACKING_URI": self.ui_url,
             "CSX_MLFLOW_UI_URL": self.ui_url,
             "CSX_RUNS_DIR": str(state / "runs"),

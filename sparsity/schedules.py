@@ -8,7 +8,7 @@ user's ``MyDecay(Schedule)``. A user class never replaces a built-in name (a war
 pass an instance of it instead).
 
 Two ways to write one: subclass :class:`Schedule` with ``__call__(step: int) -> float``, or
-cstorch's protocol, :class:`BaseHyperParameter`, with ``__call__(step, is_update_step)`` on
+cstorch 2.0's protocol, :class:`BaseHyperParameter`, with ``__call__(step, is_update_step)`` on
 tensors (the blog's classes drop in unchanged). Both answer ``get_min_max_end(begin, end)``.
 
 An :class:`UpdateSchedule` answers "is step t a mask-update step?" (t counts optimizer steps, 1-based).
@@ -252,9 +252,10 @@ class PeriodicSchedule(Schedule):
 
 
 class BaseHyperParameter(Schedule):
-    """cstorch's hyper-parameter protocol: ``__call__(step, is_update_step)`` receives a 0-d
-    int64 tensor and a 0-d bool tensor and returns a tensor (or number); ``TYPE`` is its name
-    in configs. Subclass it to drop a class written for ``cstorch.sparse`` in unchanged."""
+    """cstorch 2.0's hyper-parameter protocol: ``__call__(step, is_update_step)`` receives a
+    0-d int64 tensor and a 0-d bool tensor and returns a tensor (or number); ``TYPE`` is its
+    name in configs. Subclass it to drop a class written for cstorch 2.0's ``cstorch.sparse``
+    in unchanged (2.10's ``HyperParameterSchedule`` is in ``sparsity.cstorch.sparse.utils``)."""
 
     registered = False
 

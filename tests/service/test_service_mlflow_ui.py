@@ -1,7 +1,7 @@
 """The study comparison link in a real browser: `mlflow server` and Debian's Chromium (headless,
 driven by Playwright) show one named line per variant and no parent run. Chromium comes
 from Debian's packages (tests/service/chromium.sh); tools/mlflow_screenshots.py is the full
-end-to-end version (a real study, screenshots for the README)."""
+end-to-end version (a real study, the screenshots in docs/images/ shown by docs/studies.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12 item 1: `csx serve` by hand (local Ray, as the README's "by hand" section runs it)
+"""Issue 12 item 1: `csx serve` by hand (local Ray, as docs/service.md runs it "by hand")
 keeps scheduling after its first jobs end, and a `kill -9` of it leaves no Ray process behind.
 Issue 24 item 8: it logs through the MLflow UI it starts, so its store records no absolute
 artifact path, and that UI goes with it too.

@@ -2,7 +2,8 @@
 with ours (the same file, its one ``import cerebras.pytorch as cstorch`` line changed to
 ``import sparsity.cstorch as cstorch``) and saves what the script ``record``-ed.
 
-    # in a virtualenv with cerebras-pytorch 2.10 and torch 2.4 (README, "Porting cstorch code"):
+    # in a virtualenv with cerebras-pytorch 2.10 and torch 2.4 (docs/cstorch.md, "Checked
+    # against the reference"):
     python tools/cstorch_oracle/harness.py record            # writes tests/fixtures/cstorch_oracle/*.pt
     # anywhere:
     python tools/cstorch_oracle/harness.py compare           # runs ours, compares with the fixtures

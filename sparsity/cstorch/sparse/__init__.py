@@ -3,7 +3,7 @@
 Its submodules are importable as in cstorch: ``from sparsity.cstorch.sparse import RigL``,
 ``sparsity.cstorch.sparse.utils.make_mask_topk_sparsity``, ``...sparse.init.random``.
 This is cstorch's behaviour (global-RNG masks, float32 truncating counts, hooks every step);
-``sparsity`` itself is csx-sparse's own API (README, "Porting cstorch code", says how they differ).
+``sparsity`` itself is csx-sparse's own API (docs/cstorch.md says how they differ).
 """
 
 from . import init, utils

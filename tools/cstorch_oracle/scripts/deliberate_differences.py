@@ -1,5 +1,5 @@
-"""Where ``sparsity.cstorch`` differs from the reference on purpose (README, "Porting cstorch
-code"), recorded so the suite checks each difference is exactly the documented one: a
+"""Where ``sparsity.cstorch`` differs from the reference on purpose (docs/cstorch.md's
+table), recorded so the suite checks each difference is exactly the documented one: a
 step-varying ``drop_fraction``, a Cycling schedule's state across ``load_state_dict``, a
 checkpoint mask loaded under another configured level, masks loaded through a submodule's
 ``load_state_dict``, and ``amp.init()``'s float16 matmuls on the CPU (last: it patches the

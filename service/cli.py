@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,9 @@ def serve_command(args: argparse.Namespace) -> int:
               flush=True)
         settings = settings.model_copy(update={"mlflow_tracking_uri": ui.url,
                                                "mlflow_ui_url": ui.url})
+    # uvicorn re-raises a SIGTERM with the handler it found once it has shut down gracefully;
+    # the default one would end the process by the signal: a stop that went well exits 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         uvicorn.run(create_app(settings), host=args.host, port=args.port)
     finally:

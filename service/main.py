@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,11 @@ from service.db import make_engine, make_sessionmaker, upgrade_database
 from service.limits import BodySizeLimit
 from service.scheduler import DATABASE_UNAVAILABLE, Launcher, Scheduler
 from service.settings import Settings
+
+# Ray's C++ failure-signal handler, installed when the scheduler first joins Ray, takes SIGTERM
+# from uvicorn's and aborts the process (rc -6) with its jobs marked nowhere: a graceful stop
+# must reach the lifespan's shutdown instead. Ray reads this when it is imported.
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 API_PREFIX = "/v1"
 DEV_TOKEN_NAME = "dev"

@@ -327,8 +327,7 @@ class PostgresServer:
         try:
             server._run("initdb", "-D", str(data / "db"), "-U", "postgres", "--auth=trust",
                         "-E", "UTF8")
-            server._run("pg_ctl", "-D", str(data / "db"), "-w", "-l", str(data / "log"), "-o",
-                        f"-p {server.port} -k {data} -c listen_addresses=127.0.0.1", "start")
+            server.start_server()
         except BaseException:
             shutil.rmtree(data, ignore_errors=True)
             raise
@@ -353,6 +352,15 @@ class PostgresServer:
     def pid(self) -> int:
         """The postmaster's process id (first line of postmaster.pid)."""
         return int((self.data_dir / "db" / "postmaster.pid").read_text().split()[0])
+
+    def stop_server(self) -> None:
+        """An outage: the server goes (its data stays) until `start_server`."""
+        self._run("pg_ctl", "-D", str(self.data_dir / "db"), "-m", "fast", "-w", "stop")
+
+    def start_server(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data_dir / "db"), "-w", "-l",
+                  str(self.data_dir / "log"), "-o",
+                  f"-p {self.port} -k {self.data_dir} -c listen_addresses=127.0.0.1", "start")
 
     def stop(self) -> None:
         subprocess.run([*self.as_user, str(self.bin_dir / "pg_ctl"), "-D",

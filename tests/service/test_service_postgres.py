@@ -8,7 +8,14 @@ from fastapi.testclient import TestClient
 
 from service.main import create_app
 from service.settings import Settings
-from service_helpers import ScriptedLauncher, assert_schema_matches_models, job_body, make_token
+from service_helpers import (
+    PostgresServer,
+    ScriptedLauncher,
+    assert_schema_matches_models,
+    job_body,
+    make_token,
+    wait_status,
+)
 
 
 def test_postgres_migrations_match_models(postgres_url: str) -> None:
@@ -37,3 +44,38 @@ def test_postgres_api_round_trip(postgres_url: str, tmp_path: Path) -> None:
         cancelled = client.post(f"/v1/jobs/{ids[0]}:cancel", headers=alice).json()
         assert cancelled["status"] == "CANCELLED" and cancelled["finished_at"].endswith("Z")
         assert client.post(f"/v1/jobs/{ids[0]}:cancel", headers=alice).status_code == 409
+
+
+def test_postgres_outage_mid_job_answers_503_and_loses_nothing(postgres: PostgresServer,
+                                                                tmp_path: Path) -> None:
+    """The issue's outage: PostgreSQL stopped while a job runs and ends. Requests and healthz
+    answer 503 (never 500) while it is away; once it is back, the job's outcome is recorded,
+    its systems freed, and the queue behind it starts."""
+    url = postgres.create_database("outage")
+    settings = Settings(database_url=url, runs_dir=tmp_path / "runs", cluster_size=1,
+                        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                        scheduler_interval_s=0.05, db_wait_s=5)
+    launcher = ScriptedLauncher()
+    with TestClient(create_app(settings, launcher=launcher), raise_server_exceptions=False) \
+            as client:
+        alice = make_token(client, "pg-outage")
+        first = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+        second = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+        handle = launcher.handle_for(first)
+        wait_status(client, alice, first, "RUNNING")
+        postgres.stop_server()
+        try:
+            handle.finish({"steps": 10})
+            health = client.get("/v1/healthz")
+            assert health.status_code == 503 and health.json()["database"].startswith(
+                "unavailable"), health.text
+            answer = client.get(f"/v1/jobs/{first}", headers=alice)
+            assert answer.status_code == 503 and "database" in answer.json()["detail"]
+            assert answer.headers["Retry-After"]
+        finally:
+            postgres.start_server()
+        done = wait_status(client, alice, first, "SUCCEEDED", timeout_s=120)
+        assert done["result"] == {"steps": 10}
+        launcher.handle_for(second, timeout_s=120).finish({})
+        wait_status(client, alice, second, "SUCCEEDED", timeout_s=60)
+        assert client.get("/v1/healthz").status_code == 200

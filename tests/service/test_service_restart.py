@@ -63,7 +63,9 @@ def test_kill_mid_training_then_resume_once(tmp_path: Path) -> None:
         stopped_at = wait_for(lambda: past_checkpoint(0), 600, "training past a checkpoint")
         assert server.process is not None
         server.process.send_signal(signal.SIGTERM)
-        assert server.process.wait(180) == 0, "SIGTERM must end the server cleanly"
+        # uvicorn re-raises SIGTERM after its graceful shutdown (csx serve exits 0 instead:
+        # test_service_serve); what must not happen is Ray's abort (-6) on the way.
+        assert server.process.wait(180) in (0, -signal.SIGTERM), "SIGTERM must stop it cleanly"
         with sqlite3.connect(tmp_path / "csx.db") as db:
             left = db.execute("SELECT status FROM jobs WHERE id = ?", (running,)).fetchone()[0]
             moves = [row[0] for row in db.execute(

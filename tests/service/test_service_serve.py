@@ -13,6 +13,7 @@ must be alive, and a third job must run to the end.
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import sys
 from pathlib import Path
@@ -100,5 +101,23 @@ def test_serve_runs_jobs_after_the_first_ones_end_and_leaves_nothing_when_killed
         # (ray::DashboardAgent, ray::RuntimeEnvAgent) and workers included.
         kill_and_expect_nothing_left(server.popen, str(tmp_path), 90,
                                      "every process the killed server started to exit")
+    finally:
+        server.stop()
+
+
+def test_serve_stops_on_sigterm_with_exit_code_0(tmp_path: Path) -> None:
+    """A graceful stop is a success for process managers (compose, systemd)."""
+    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}",
+           "CSX_RUNS_DIR": str(tmp_path / "runs"),
+           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    port = free_port()
+    server = StackProcess.start(
+        "csx serve", [sys.executable, "-m", "service.cli", "serve", "--no-mlflow-ui",
+                      "--host", "127.0.0.1", "--port", str(port)],
+        log_path=tmp_path / "serve.log", env=env, cwd=tmp_path)
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/v1/healthz", server, 120)
+        server.popen.send_signal(signal.SIGTERM)
+        assert server.popen.wait(60) == 0, server.log_tail()
     finally:
         server.stop()

@@ -7,7 +7,10 @@ through `workers.runner.start_job`, follows its progress and records the outcome
 change goes through `states.move`.
 
 Nothing is lost and nothing is stranded:
-- One scheduler per database: `start()` takes the lease (service/lease.py) or refuses.
+- One scheduler per database (service/lease.py): a server whose database another server
+  schedules serves the API but stands by, and takes over (resuming that server's jobs) only
+  once its lease expires; a server that finds its own lease taken stops its worker groups
+  without recording anything and stands by.
 - A database write that fails is retried (`_apply`); an outcome that still could not be
   written stays with its execution and every tick tries it again.
 - Every tick reconciles: a job that holds systems but has no execution here (a thread that
@@ -142,18 +145,16 @@ class Scheduler:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.holder = lease.new_holder()
-        self._lease_renewed = 0.0  # time.monotonic() of the last renewal
-        self.lease_lost = False
+        self._lease_checked = 0.0  # time.monotonic() of the last renewal or takeover attempt
+        self.standby: str | None = None  # why this server does not schedule: the holder
         self.last_tick_ok: float | None = None  # time.monotonic() of the last complete tick
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        """Take the database's scheduler lease (LeaseHeld if another server has it), resume
-        what a previous server left, then tick."""
-        with self.sessions() as session:
-            lease.acquire(session, self.holder, self.settings.lease_ttl_s)
-        self._lease_renewed = time.monotonic()
-        self.recover()
+        """Take the database's scheduler lease and resume what a previous server left, or stand
+        by if another server holds it; then tick."""
+        if self._take_lease():
+            self.recover()
         self._thread = threading.Thread(target=self._loop, name="csx-scheduler", daemon=True)
         self._thread.start()
 
@@ -177,7 +178,7 @@ class Scheduler:
         close = getattr(self.launcher, "close", None)
         if close is not None:
             close()
-        if not self.lease_lost:
+        if self.standby is None:
             try:
                 with self.sessions() as session:
                     lease.release(session, self.holder)
@@ -191,12 +192,12 @@ class Scheduler:
 
     @property
     def health(self) -> str:
-        """running | stalled (no complete tick for a while: the database?) | lease lost |
-        stopped."""
+        """running | standby (another server schedules) | stalled (no complete tick for a
+        while: the database?) | stopped."""
         if not self.running:
             return "stopped"
-        if self.lease_lost:
-            return "lease lost"
+        if self.standby is not None:
+            return "standby"
         stale_after = max(10.0, 50 * self.settings.scheduler_interval_s)
         if self.last_tick_ok is None or time.monotonic() - self.last_tick_ok > stale_after:
             return "stalled"
@@ -253,7 +254,8 @@ class Scheduler:
 
     # ---- one pass --------------------------------------------------------------------------
     def tick(self) -> None:
-        if not self._renew_lease():
+        if not self._hold_lease():
+            self.last_tick_ok = time.monotonic()
             return
         self._retry_outcomes()
         with self.sessions() as session:
@@ -263,21 +265,44 @@ class Scheduler:
         self._adopt_orphans("its execution was lost")
         self.last_tick_ok = time.monotonic()
 
-    def _renew_lease(self) -> bool:
-        """Renew a third of the way into the lease; False once another server holds it (this
-        one stalled past the lease): from then on it schedules nothing."""
-        if self.lease_lost:
+    def _take_lease(self) -> bool:
+        """Acquire the lease, or stand by naming who holds it."""
+        self._lease_checked = time.monotonic()
+        try:
+            with self.sessions() as session:
+                lease.acquire(session, self.holder, self.settings.lease_ttl_s)
+        except lease.LeaseHeld as held:
+            if self.standby != str(held):
+                logger.warning("standing by: %s. This server answers the API; it takes over "
+                               "if that lease expires.", held)
+            self.standby = str(held)
             return False
-        if time.monotonic() - self._lease_renewed < self.settings.lease_ttl_s / 3:
+        self.standby = None
+        return True
+
+    def _hold_lease(self) -> bool:
+        """Renew the lease a third of the way into it, or (standing by) try to take it over;
+        True while this server schedules."""
+        if time.monotonic() - self._lease_checked < self.settings.lease_ttl_s / 3:
+            return self.standby is None
+        if self.standby is not None:
+            if not self._take_lease():
+                return False
+            self._adopt_orphans("took over from a server whose lease expired")
             return True
         with self.sessions() as session:
-            if not lease.renew(session, self.holder, self.settings.lease_ttl_s):
-                self.lease_lost = True
-                logger.error("another server took this database's scheduler lease; this one "
-                             "schedules nothing more (restart it)")
-                return False
-        self._lease_renewed = time.monotonic()
-        return True
+            renewed = lease.renew(session, self.holder, self.settings.lease_ttl_s)
+        self._lease_checked = time.monotonic()
+        if not renewed:
+            # This server stalled past its lease and another one took over its jobs: stop
+            # running them here, record nothing, and stand by.
+            self.standby = "another server took over this database's scheduler lease"
+            logger.error("%s; stopping this server's worker groups", self.standby)
+            with self._executions_lock:
+                executions = list(self._executions.values())
+            for execution in executions:
+                execution.stop(SHUTDOWN)
+        return renewed
 
     def _retry_outcomes(self) -> None:
         with self._executions_lock:

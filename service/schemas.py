@@ -329,4 +329,4 @@ class ClusterPublic(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     database: str = Field(description='"ok", or "unavailable: <the error>"')
-    scheduler: Literal["running", "stalled", "lease lost", "stopped"]
+    scheduler: Literal["running", "standby", "stalled", "stopped"]

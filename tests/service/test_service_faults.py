@@ -132,33 +132,43 @@ def test_a_job_whose_execution_was_lost_is_adopted_again_and_can_be_cancelled(
     assert second.cancelled.is_set()
 
 
-def test_a_second_server_on_the_same_database_refuses_to_start(
+def test_a_second_server_on_the_same_database_stands_by_then_takes_over(
         service_settings: Settings) -> None:
     """Today's second server took the first one's RUNNING jobs for orphans and ran them again
-    into the same model folder. Now it refuses while the first holds the scheduler lease, and
-    starts at once after the first stops."""
-    from service.lease import LeaseHeld
-
-    first_launcher, second_launcher = ScriptedLauncher(), ScriptedLauncher()
-    with TestClient(create_app(service_settings, launcher=first_launcher)) as first:
+    into the same model folder. Now it serves the API but schedules nothing while the first
+    holds the lease; when the first stops (SIGTERM's path: its job left resumable, the lease
+    released), the second takes over and resumes the job."""
+    service_settings.lease_ttl_s = 1.5  # takeover attempts every half second
+    first_launcher, standby_launcher = ScriptedLauncher(), ScriptedLauncher()
+    first = TestClient(create_app(service_settings, launcher=first_launcher))
+    first.__enter__()
+    try:
         alice = make_token(first, "alice")
         job_id = _submit(first, alice)
         first_launcher.handle_for(job_id)
         wait_status(first, alice, job_id, "RUNNING")
-        with pytest.raises(LeaseHeld, match="another csx server"):
-            with TestClient(create_app(service_settings, launcher=second_launcher)):
-                pass
-        assert second_launcher.handles == []
-        assert first.get(f"/v1/jobs/{job_id}", headers=alice).json()["status"] == "RUNNING"
-    # The first stopped cleanly (SIGTERM's path): its job is left to resume, the lease is free.
-    with TestClient(create_app(service_settings, launcher=second_launcher)) as second:
-        resumed = second_launcher.handle_for(job_id)
-        wait_status(second, alice, job_id, "RUNNING")
-        events = [e["to_status"] for e in
-                  second.get(f"/v1/jobs/{job_id}/events", headers=alice).json()["data"]]
-        assert "FAILED" not in events and events[-2:] == ["RECOVERING", "RUNNING"]
-        resumed.finish({})
-        wait_status(second, alice, job_id, "SUCCEEDED")
+        with TestClient(create_app(service_settings, launcher=standby_launcher)) as standby:
+            health = standby.get("/v1/healthz")
+            assert health.status_code == 200 and health.json()["scheduler"] == "standby"
+            # It answers the API; a job submitted to it is run by the first server.
+            other = _submit(standby, alice)
+            first_launcher.handle_for(other).finish({})
+            wait_status(standby, alice, other, "SUCCEEDED")
+            time.sleep(2 * service_settings.lease_ttl_s)  # several takeover attempts
+            assert standby_launcher.handles == []
+            assert standby.get(f"/v1/jobs/{job_id}", headers=alice).json()["status"] == \
+                "RUNNING"
+            first.__exit__(None, None, None)  # the first server stops
+            resumed = standby_launcher.handle_for(job_id)
+            wait_status(standby, alice, job_id, "RUNNING")
+            events = [e["to_status"] for e in
+                      standby.get(f"/v1/jobs/{job_id}/events", headers=alice).json()["data"]]
+            assert "FAILED" not in events and events[-2:] == ["RECOVERING", "RUNNING"]
+            assert standby.get("/v1/healthz").json()["scheduler"] == "running"
+            resumed.finish({})
+            wait_status(standby, alice, job_id, "SUCCEEDED")
+    finally:
+        first.__exit__(None, None, None)  # a second exit does nothing
 
 
 def test_a_lease_is_respected_until_it_expires_unless_its_holder_here_is_gone(

@@ -17,7 +17,8 @@ router = APIRouter(tags=["health"])
             responses={503: {"model": Health, "description": "a dependency is failing"}})
 def healthz(scheduler: SchedulerDep, response: Response) -> Health:
     """No auth: for load balancers and compose healthchecks. 503 names what is failing: the
-    database (unreachable), or the scheduler (stopped, stalled, or lost its lease).
+    database (unreachable), or the scheduler (stopped, or stalled). A server standing by while
+another one schedules this database is healthy: it serves the API.
 
     It asks the database through the scheduler's pool, not through a request slot: health must
     answer while the API's slots are all taken."""
@@ -28,7 +29,7 @@ def healthz(scheduler: SchedulerDep, response: Response) -> Health:
     except DATABASE_UNAVAILABLE as err:
         database = f"unavailable: {type(err).__name__}: {str(err.orig or err).strip()[:200]}"
     health = Health(status="ok", database=database, scheduler=scheduler.health)
-    if database != "ok" or health.scheduler != "running":
+    if database != "ok" or health.scheduler in ("stalled", "stopped"):
         health.status = "unavailable"
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     return health

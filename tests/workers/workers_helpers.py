@@ -1,10 +1,25 @@
-"""Test data made as a user makes it: HDF5 folders written by `csx preprocess`."""
+"""Test data made as a user makes it (HDF5 folders written by `csx preprocess`), and equality
+of saved training states."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from workers import cli
+
+
+def same_state(a: Any, b: Any) -> bool:
+    """Deep equality for nested dicts/lists holding tensors."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    if torch.is_tensor(a):
+        return torch.equal(a, b)
+    return a == b or (a != a and b != b)  # NaN == NaN here
 
 
 def preprocess_texts(root: Path, texts: dict[str, str], max_sequence_length: int,

@@ -95,6 +95,8 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
                 raise writer.error from err
             file.flush()
             os.fsync(file.fileno())
+        # The digest first: a crash between the renames leaves a checkpoint that fails its
+        # check (a resume takes the one before), never one that passes unchecked.
         _write_synced(digest_path(path), f"{writer.sha256.hexdigest()}  {path.name}\n".encode())
         os.replace(tmp, path)
         tmp = None

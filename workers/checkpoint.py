@@ -145,8 +145,8 @@ def load_checkpoint(path: str | Path, *, inside: str | Path | None = None) -> di
     with file:
         size = os.fstat(file.fileno()).st_size
         if size == 0:
-            raise CorruptCheckpoint(f"checkpoint {str(path)!r} is empty (0 bytes): its write "
-                                    "never finished")
+            raise CorruptCheckpoint(f"checkpoint {str(path)!r} is empty (0 bytes): it never "
+                                    "reached the disk, or was truncated since")
         expected = _recorded_digest(path, inside)
         if expected is not None and _sha256(file) != expected:
             raise CorruptCheckpoint(

@@ -5,9 +5,7 @@ to a file outside the folder is refused instead of read, and the same holds for 
 from __future__ import annotations
 
 import os
-import resource
 import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from workers.data import load_splits
 from workers.hdf5 import h5_files
 from workers.safe_files import RefusedFile
+from workers_helpers import memory_headroom
 
 DEADLINE_S = 60  # far beyond a refusal's milliseconds; the old code blocked until the job timeout
 
@@ -46,20 +45,6 @@ def _within_deadline(call):
     return outcome["value"]
 
 
-@contextmanager
-def _memory_headroom(extra_bytes: int):
-    """Caps this process's address space at its current size + extra_bytes, so code that
-    reads an endless file fails with MemoryError instead of exhausting the machine."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    with open("/proc/self/status") as status:
-        size_kb = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
-    resource.setrlimit(resource.RLIMIT_AS, (size_kb * 1024 + extra_bytes, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
 def test_a_fifo_named_txt_is_refused_at_once(tmp_path):
     folder = _corpus(tmp_path / "corpus")
     fifo = folder / "stream.txt"
@@ -78,7 +63,7 @@ def test_a_fifo_named_txt_is_refused_at_once(tmp_path):
 def test_a_txt_link_to_a_device_is_refused(tmp_path, target):
     folder = _corpus(tmp_path / "corpus")
     (folder / "endless.txt").symlink_to(target)
-    with _memory_headroom(1 << 30), pytest.raises(RefusedFile, match=r"endless\.txt' links out"):
+    with memory_headroom(1 << 30), pytest.raises(RefusedFile, match=r"endless\.txt' links out"):
         _within_deadline(lambda: load_splits(str(folder)))
 
 
@@ -100,7 +85,7 @@ def test_a_single_file_data_dir_must_be_a_regular_file(tmp_path):
         _within_deadline(lambda: load_splits(str(fifo)))
     link = tmp_path / "zero.txt"
     link.symlink_to("/dev/zero")
-    with _memory_headroom(1 << 30), pytest.raises(RefusedFile, match="character device"):
+    with memory_headroom(1 << 30), pytest.raises(RefusedFile, match="character device"):
         _within_deadline(lambda: load_splits(str(link)))
 
 

@@ -1,8 +1,8 @@
 """Each job's log: a text file in the job's folder under runs_dir, next to its checkpoints.
 
 The log is the service's own regular file: a link or special file planted in its place is
-neither written through nor served. Writing it is best effort: a full disk must not stop the
-job's state from being recorded in the database, which needs the log line first.
+neither written through nor served. Writing it is best effort: the scheduler writes a job's
+log before recording its state, and a full disk must not stop that record.
 """
 
 from __future__ import annotations

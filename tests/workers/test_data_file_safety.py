@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from csx_config import JobSpec
 from workers.data import load_splits
 from workers.hdf5 import h5_files
+from workers.job import TOKENIZER_FILE, load_tokenizer
 from workers.safe_files import RefusedFile
 from workers_helpers import memory_headroom
 
@@ -101,3 +103,23 @@ def test_hdf5_files_must_be_regular_files_inside_the_folder(tmp_path):
     (folder / "data-00001.h5").symlink_to(tmp_path / "elsewhere.h5")
     with pytest.raises(ValueError, match=r"data-00001\.h5' links out of its folder"):
         h5_files([str(folder)], "train_input")
+
+
+def test_a_planted_tokenizer_file_in_the_model_dir_is_refused(tmp_path):
+    """A resume reads the run's tokenizer.json back; a FIFO there used to make the run train a
+    new tokenizer and block writing it, a link out of the model_dir was read."""
+    spec = JobSpec.from_yaml("train_input: {batch_size: 4}\nmodel: {preset: tiny}\n")
+    planted = tmp_path / TOKENIZER_FILE
+    os.mkfifo(planted)
+    try:
+        with pytest.raises(RefusedFile, match=r"tokenizer\.json' is a named pipe"):
+            _within_deadline(lambda: load_tokenizer(spec, tmp_path, ["some text"], save=True))
+    finally:  # a writer the old code left blocked gets a reader and returns
+        try:
+            os.close(os.open(planted, os.O_RDONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    planted.unlink()
+    planted.symlink_to(tmp_path.parent / "someone-elses-tokenizer.json")
+    with pytest.raises(RefusedFile, match="links out of its folder"):
+        load_tokenizer(spec, tmp_path, ["some text"], save=True)

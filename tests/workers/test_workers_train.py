@@ -107,6 +107,9 @@ def test_resume_in_fresh_process_is_bit_identical(reference, tmp_path):
     resumed_dir.mkdir()
     shutil.copy(model_dir / "checkpoint_10.mdl", resumed_dir)
     shutil.copy(model_dir / "tokenizer.json", resumed_dir)
+    # The job's kernel choice, as a resume finds it: calibrated afresh on a busy machine, CSR
+    # and dense could swap and round differently.
+    shutil.copy(model_dir / "kernel_calibration.json", resumed_dir)
     code = textwrap.dedent(f"""
         import json, sys, torch
         torch.set_num_threads(1)

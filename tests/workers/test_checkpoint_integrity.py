@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from csx_config import JobSpec
 from workers import checkpoint as ckpt
@@ -70,6 +72,37 @@ def test_damage_is_found_without_the_recorded_digest_too(tmp_path, how):
     with pytest.raises(ckpt.CorruptCheckpoint, match="checkpoint_5.mdl") as refused:
         ckpt.load_checkpoint(path)
     assert len(str(refused.value).splitlines()) == 1  # a job's reason is one line
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> tuple[Path, bytes]:
+    folder = tmp_path_factory.mktemp("written")
+    _save_steps(folder, [1])
+    return folder, ckpt.checkpoint_path(folder, 1).read_bytes()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.floats(0, 1, exclude_max=True), flip=st.floats(0, 1, exclude_max=True),
+       bit=st.integers(0, 7), keep_digest=st.booleans())
+def test_any_truncation_or_flipped_bit_is_refused_as_corrupt(tmp_path, written, cut, flip, bit,
+                                                             keep_digest):
+    """Wherever a checkpoint is cut, the reason is CorruptCheckpoint naming it (with or without
+    its digest); wherever one bit flips, the digest catches it."""
+    _, data = written
+    path = tmp_path / "checkpoint_1.mdl"
+    digest = ckpt.digest_path(path)
+    path.write_bytes(data[:int(cut * len(data))])
+    if keep_digest:
+        shutil.copy(ckpt.digest_path(written[0] / path.name), digest)
+    else:
+        digest.unlink(missing_ok=True)
+    with pytest.raises(ckpt.CorruptCheckpoint, match="checkpoint_1.mdl"):
+        ckpt.load_checkpoint(path)
+    at = int(flip * len(data))
+    path.write_bytes(data[:at] + bytes([data[at] ^ (1 << bit)]) + data[at + 1:])
+    shutil.copy(ckpt.digest_path(written[0] / path.name), digest)
+    with pytest.raises(ckpt.CorruptCheckpoint, match="does not match the sha256"):
+        ckpt.load_checkpoint(path)
 
 
 def test_an_empty_checkpoint_says_so(tmp_path):

@@ -394,22 +394,19 @@ def _record_eval(run: Run, metrics: dict[str, float], summary: dict[str, Any], l
 
 
 def _checkpoints_to_evaluate(spec: JobSpec, model_dir: Path, mode: str) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """(path, state) of each checkpoint `mode` evaluates, loaded one at a time."""
-    if mode == "eval_all":
-        found = [path for _, path in ckpt.list_checkpoints(model_dir)]
-    elif spec.runconfig.checkpoint_path:
-        found = [Path(spec.runconfig.checkpoint_path)]
+    """(path, state) of each checkpoint `mode` evaluates, loaded one at a time: every one in
+    model_dir (eval_all), else runconfig.checkpoint_path, else model_dir's newest that loads."""
+    if mode == "eval_all" and (found := ckpt.list_checkpoints(model_dir)):
+        for _, path in found:
+            yield path, ckpt.load_checkpoint(path, inside=model_dir)
+    elif mode != "eval_all" and spec.runconfig.checkpoint_path:
+        path = Path(spec.runconfig.checkpoint_path)
+        yield path, ckpt.load_checkpoint(path)
+    elif mode != "eval_all" and (newest := ckpt.newest_valid_checkpoint(model_dir)) is not None:
+        yield newest[0], newest[1]
     else:
-        newest = ckpt.newest_valid_checkpoint(model_dir)
-        if newest is not None:
-            yield newest[0], newest[1]
-            return
-        found = []
-    if not found:
         raise ValueError(f"mode {mode!r} needs a checkpoint, but model_dir {str(model_dir)!r} has none "
                          "(and runconfig.checkpoint_path is not set)")
-    for path in found:
-        yield path, ckpt.load_checkpoint(path, inside=model_dir if mode == "eval_all" else None)
 
 
 def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, world_size: int = 1,
@@ -420,8 +417,9 @@ def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, 
     Returns a summary: steps, train_loss, final/best eval loss and perplexity, eval_history,
     train_losses ([step, loss] of the steps run here), tokens_per_s, the perf projection
     (sim_step_ms, speedup_vs_dense, scaling_efficiency), mask_hashes ([step, sha256] pairs: initial
-    masks and every update step), kernels (the fabric's CSR/dense choice per sparse layer) and
-    the last checkpoint written.
+    masks and every update step), kernels (the fabric's CSR/dense choice per sparse layer),
+    the last checkpoint written, and skipped_checkpoints (why each damaged checkpoint newer
+    than the one resumed from was passed over; only when there were any).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")

@@ -24,13 +24,15 @@ from service.crud import Caller
 from service.models import Job
 from service.preflight import Problem, is_within, resolve_path
 from service.schemas import MAX_ID
+from workers.safe_files import RefusedFile, regular_file
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)\.mdl$")  # workers/checkpoint.py's names
 JOB_FOLDER = re.compile(r"^job-(\d+)(?:-([0-9a-f]+))?$")  # joblogs.job_dir's names
 
 
 def checkpoint_file(folder: Path, step: int | None) -> Path | None:
-    """The checkpoint at `step` (the newest when None) in a job's folder, or None."""
+    """The checkpoint at `step` (the newest when None) in a job's folder, or None; RefusedFile
+    when that is a link out of the folder (to someone else's checkpoint) or not a regular file."""
     model_dir = folder / "model"
     steps = {}
     if model_dir.is_dir():
@@ -39,8 +41,13 @@ def checkpoint_file(folder: Path, step: int | None) -> Path | None:
             if match:
                 steps[int(match.group(1))] = path
     if step is None:
-        return steps[max(steps)] if steps else None
-    return steps.get(step)
+        step = max(steps, default=None)
+    if step not in steps:
+        return None
+    try:
+        return regular_file(steps[step], inside=folder)
+    except FileNotFoundError:  # a dangling link, or removed since listed
+        return None
 
 
 def visible_folder(session: Session, caller: Caller, runs_dir: Path, job_id: int) -> Path | None:
@@ -69,7 +76,12 @@ def resolve_checkpoint(session: Session, caller: Caller, runs_dir: Path,
     if reference is not None:
         job_id, step = reference.job, reference.step
         folder = visible_folder(session, caller, runs_dir, job_id)
-        found = checkpoint_file(folder, step) if folder is not None else None
+        try:
+            found = checkpoint_file(folder, step) if folder is not None else None
+        except RefusedFile as err:  # the caller may see this job: its file can be named
+            problems.append((("checkpoint",), f"{Path(err.path).name} of job {job_id} {err.why}; "
+                                              "refused"))
+            return None, problems
         if found is None:
             at = f"step {step}" if step is not None else "any step"
             problems.append((("checkpoint",), f"no checkpoint at {at} of a job {job_id} you "

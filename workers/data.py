@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import torch
 
+from workers.safe_files import read_text
+
 BUILTIN_SHAKESPEARE = "builtin:shakespeare"
 VALIDATION_FRACTION = 0.1
 DOCUMENT_SEPARATOR = "\n\n"
@@ -78,11 +80,12 @@ def shakespeare_dir() -> Path:
 
 
 def _read_folder(folder: Path, pattern: str) -> dict[str, str]:
+    """Every `pattern` file below `folder`: each a regular file inside it (a FIFO, a device or
+    a link out of the folder is refused, naming it)."""
     files = sorted(folder.rglob(pattern))
     if not files:
         raise ValueError(f"data_dir {str(folder)!r} contains no {pattern} files")
-    return {str(f.relative_to(folder)): strip_gutenberg(f.read_text(encoding="utf-8", errors="replace"))
-            for f in files}
+    return {str(f.relative_to(folder)): strip_gutenberg(read_text(f, inside=folder)) for f in files}
 
 
 def _split_single_text(text: str) -> TextSplits:
@@ -123,8 +126,8 @@ def load_splits(data_dir: str) -> TextSplits:
         return _load_hf_dataset(path)
     if path.is_dir():
         return _split_documents(_read_folder(path, "*.txt"))
-    if path.is_file():
-        return _split_single_text(strip_gutenberg(path.read_text(encoding="utf-8", errors="replace")))
+    if path.exists():  # a file: a FIFO or device is refused, not read forever
+        return _split_single_text(strip_gutenberg(read_text(path)))
     raise ValueError(f"data_dir {data_dir!r} is neither {BUILTIN_SHAKESPEARE!r}, a text file, "
                      "a folder of .txt files nor a saved Hugging Face dataset")
 

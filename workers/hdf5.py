@@ -23,6 +23,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
+from workers.safe_files import RefusedFile, regular_file
+
 DATASET = "data"
 PARAMS_FILE = "data_params.json"
 IGNORE_INDEX = -100
@@ -37,7 +39,9 @@ def _h5py() -> Any:
 
 
 def h5_files(data_dirs: list[str], what: str) -> list[Path]:
-    """The ``.h5`` files of each data_dir (sorted), or a ValueError naming the bad one."""
+    """The ``.h5`` files of each data_dir (sorted), or a ValueError naming the bad one. Each is
+    a regular file inside its data_dir, given resolved: h5py opens files by name and would
+    block on a FIFO or follow a link anywhere."""
     files: list[Path] = []
     for data_dir in data_dirs:
         path = Path(data_dir).expanduser()
@@ -46,7 +50,10 @@ def h5_files(data_dirs: list[str], what: str) -> list[Path]:
         found = sorted(path.glob("*.h5"))
         if not found:
             raise ValueError(f"{what}.data_dir {data_dir!r} holds no .h5 files (ModelZoo HDF5 data)")
-        files.extend(found)
+        try:
+            files.extend(regular_file(file, inside=path) for file in found)
+        except RefusedFile as err:
+            raise ValueError(f"{what}.data_dir {data_dir!r}: {err}") from None
     return files
 
 

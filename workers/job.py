@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +25,7 @@ from workers.data import (
 )
 from workers.hdf5 import HDF5BatchSampler, HDF5EvalBatches, HDF5Samples, has_h5_files
 from workers.model import ModelConfig, Transformer, build_model, learning_rate_scale, lr_adjustment_scales
+from workers.safe_files import read_text
 from csx_config.schedulers import learning_rate_at
 from csx_config import HDF5_PROCESSORS, InputSpec, JobSpec, OptimizerSpec
 
@@ -189,8 +191,8 @@ def load_tokenizer(spec: JobSpec, model_dir: Path | None, train_texts: list[str]
     """The run's saved tokenizer when model_dir has one (so evaluation matches training);
     otherwise a new one from the spec, saved to model_dir when ``save``."""
     saved = model_dir / TOKENIZER_FILE if model_dir else None
-    if saved and saved.is_file():
-        return tokenizer_from_json(json.loads(saved.read_text(encoding="utf-8")))
+    if saved and os.path.lexists(saved):  # anything there but the run's own file is refused
+        return tokenizer_from_json(json.loads(read_text(saved, inside=model_dir)))
     tok = spec.model.tokenizer
     tokenizer = make_tokenizer(tok.type, tok.vocab_size, train_texts, tok.vocab_file, tok.merges_file)
     if saved and save:

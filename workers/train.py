@@ -26,7 +26,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -35,6 +35,7 @@ from workers.data import BatchSampler
 from workers.hdf5 import HDF5BatchSampler
 from workers.job import build_sparse_model, load_data, lr_lambda, make_optimizer, model_config
 from workers.perf import PerfProjector
+from workers.safe_files import read_text
 from csx_config import JobSpec
 from csx_config.schedulers import warmup_steps
 
@@ -68,6 +69,7 @@ class Run:
     end_step: int = 0
     best_eval_loss: float = math.inf
     mask_hashes: list[list[Any]] = field(default_factory=list)
+    skipped_checkpoints: list[str] = field(default_factory=list)  # damaged ones a resume passed over
 
 
 def _build(spec: JobSpec, model_dir: Path, rank: int, world_size: int) -> Run:
@@ -96,13 +98,14 @@ def _job_calibration(model_dir: Path, all_reduce: AllReduce | None, write: bool)
     the same kernels (CSR and dense round differently). Measured on every rank, averaged with
     the gradient all-reduce so all ranks hold the same numbers, saved in model_dir for resumes."""
     import json
+    import os
     from dataclasses import fields
 
     from simulator.crossover import KernelCalibration, calibrate
 
     path = model_dir / CALIBRATION_FILE
-    if path.exists():
-        return KernelCalibration(**json.loads(path.read_text(encoding="utf-8")))
+    if os.path.lexists(path):  # anything there but the job's own file is refused
+        return KernelCalibration(**json.loads(read_text(path, inside=model_dir)))
     local = calibrate()
     numeric = [f.name for f in fields(KernelCalibration) if f.type in ("float", float)]
     values = torch.tensor([getattr(local, name) for name in numeric], dtype=torch.float64)
@@ -204,16 +207,21 @@ def _start_phase(run: Run, state: dict[str, Any], path: Path) -> None:
 
 
 def _start(run: Run, folder: Path) -> None:
-    """What decides to resume. The newest checkpoint in model_dir, else checkpoint_path:
+    """What decides to resume. The newest checkpoint in model_dir that loads (a damaged newer
+    one is skipped with a warning), else checkpoint_path:
     resumed exactly if it holds the full training state and its phase is not finished or the
     sparsity section is unchanged; otherwise a new phase starts from its weights (a finalized
     or cstorch checkpoint, a dense run's checkpoint under a sparse section, a finished run
     re-run with another sparsity: iterative pruning)."""
-    path = ckpt.latest_checkpoint(folder) or run.spec.runconfig.checkpoint_path
-    if not path:
+    newest = ckpt.newest_valid_checkpoint(folder)
+    if newest is not None:
+        path, state, skipped = newest
+        run.skipped_checkpoints = skipped
+    elif run.spec.runconfig.checkpoint_path:
+        path = Path(run.spec.runconfig.checkpoint_path)
+        state = ckpt.load_checkpoint(path)
+    else:
         return
-    path = Path(path)
-    state = ckpt.load_checkpoint(path)
     step = int(state.get("step", 0))
     finished = step >= int(state.get("phase_start", 0)) + run.spec.runconfig.max_steps
     changed = ckpt.sparsity_of(state) != run.spec.model_dump(mode="json")["sparsity"]
@@ -385,18 +393,20 @@ def _record_eval(run: Run, metrics: dict[str, float], summary: dict[str, Any], l
     log.flush()
 
 
-def _checkpoints_to_evaluate(spec: JobSpec, model_dir: Path, mode: str) -> list[Path]:
-    if mode == "eval_all":
-        found = [path for _, path in ckpt.list_checkpoints(model_dir)]
-    elif spec.runconfig.checkpoint_path:
-        found = [Path(spec.runconfig.checkpoint_path)]
+def _checkpoints_to_evaluate(spec: JobSpec, model_dir: Path, mode: str) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(path, state) of each checkpoint `mode` evaluates, loaded one at a time: every one in
+    model_dir (eval_all), else runconfig.checkpoint_path, else model_dir's newest that loads."""
+    if mode == "eval_all" and (found := ckpt.list_checkpoints(model_dir)):
+        for _, path in found:
+            yield path, ckpt.load_checkpoint(path, inside=model_dir)
+    elif mode != "eval_all" and spec.runconfig.checkpoint_path:
+        path = Path(spec.runconfig.checkpoint_path)
+        yield path, ckpt.load_checkpoint(path)
+    elif mode != "eval_all" and (newest := ckpt.newest_valid_checkpoint(model_dir)) is not None:
+        yield newest[0], newest[1]
     else:
-        latest = ckpt.latest_checkpoint(model_dir)
-        found = [latest] if latest else []
-    if not found:
         raise ValueError(f"mode {mode!r} needs a checkpoint, but model_dir {str(model_dir)!r} has none "
                          "(and runconfig.checkpoint_path is not set)")
-    return found
 
 
 def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, world_size: int = 1,
@@ -407,8 +417,9 @@ def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, 
     Returns a summary: steps, train_loss, final/best eval loss and perplexity, eval_history,
     train_losses ([step, loss] of the steps run here), tokens_per_s, the perf projection
     (sim_step_ms, speedup_vs_dense, scaling_efficiency), mask_hashes ([step, sha256] pairs: initial
-    masks and every update step), kernels (the fabric's CSR/dense choice per sparse layer) and
-    the last checkpoint written.
+    masks and every update step), kernels (the fabric's CSR/dense choice per sparse layer),
+    the last checkpoint written, and skipped_checkpoints (why each damaged checkpoint newer
+    than the one resumed from was passed over; only when there were any).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
@@ -424,8 +435,7 @@ def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, 
 
     if mode in ("eval", "eval_all"):
         _compile(run, world_size, rank, folder, all_reduce)  # loading a checkpoint later updates the CSR layers' tensors in place
-        for path in _checkpoints_to_evaluate(spec, folder, mode):
-            state = ckpt.load_checkpoint(path)
+        for path, state in _checkpoints_to_evaluate(spec, folder, mode):
             _load_weights(run, state, path)
             run.step = int(state.get("step", 0))
             _record_eval(run, evaluate(run, all_reduce), summary, log)
@@ -443,6 +453,8 @@ def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, 
 
 def _finish(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
     summary.update({"steps": run.step, "mask_hashes": list(run.mask_hashes)})
+    if run.skipped_checkpoints:
+        summary["skipped_checkpoints"] = list(run.skipped_checkpoints)
     if run.alg is not None:
         import simulator
 

@@ -13,6 +13,7 @@ import torch
 from workers.checkpoint import list_checkpoints, load_checkpoint
 from csx_config import JobSpec
 from workers.train import AFTER_WARMUP, _MetricLog, _record_eval, train
+from workers_helpers import same_state
 
 torch.set_num_threads(1)  # the fresh process below uses one thread too: same float reductions
 
@@ -38,17 +39,6 @@ class FakeTracker:
 
     def flush(self):
         self.flushed_at.append(max(self.metrics, default=0))
-
-
-def _same(a, b):
-    """Deep equality for nested dicts/lists holding tensors."""
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if torch.is_tensor(a):
-        return torch.equal(a, b)
-    return a == b or (a != a and b != b)  # NaN == NaN here
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +107,9 @@ def test_resume_in_fresh_process_is_bit_identical(reference, tmp_path):
     resumed_dir.mkdir()
     shutil.copy(model_dir / "checkpoint_10.mdl", resumed_dir)
     shutil.copy(model_dir / "tokenizer.json", resumed_dir)
+    # The job's kernel choice, as a resume finds it: calibrated afresh on a busy machine, CSR
+    # and dense could swap and round differently.
+    shutil.copy(model_dir / "kernel_calibration.json", resumed_dir)
     code = textwrap.dedent(f"""
         import json, sys, torch
         torch.set_num_threads(1)
@@ -134,7 +127,7 @@ def test_resume_in_fresh_process_is_bit_identical(reference, tmp_path):
         assert torch.equal(tensor, got["model"][key]), key
     for index, state in expected["optimizer"]["state"].items():
         assert all(torch.equal(v, got["optimizer"]["state"][index][k]) for k, v in state.items())
-    assert _same(got["sparsity"], expected["sparsity"]) and got["sparsity"]["step"] == 20
+    assert same_state(got["sparsity"], expected["sparsity"]) and got["sparsity"]["step"] == 20
 
 
 def test_same_seed_same_losses_and_masks(reference, tmp_path):

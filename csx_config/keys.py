@@ -73,13 +73,17 @@ HINTS: dict[str, str] = {
 
 
 def edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance (insertions, deletions, substitutions)."""
-    previous = list(range(len(b) + 1))
+    """Edits from ``a`` to ``b``: insertions, deletions, substitutions and swaps of two
+    neighbouring characters (optimal string alignment)."""
+    before, previous = None, list(range(len(b) + 1))
     for i, char in enumerate(a, 1):
         current = [i]
         for j, other in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char != other)))
-        previous = current
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char != other))
+            if before is not None and j > 1 and char == b[j - 2] and a[i - 2] == other:
+                cost = min(cost, before[j - 2] + 1)
+            current.append(cost)
+        before, previous = previous, current
     return previous[-1]
 
 

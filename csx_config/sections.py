@@ -167,12 +167,13 @@ def model_class_problems(data: dict[str, Any]) -> tuple[str, list[tuple[tuple[st
     """The model class a model section selects (``model.name``, else the class whose own keys it
     uses) and its keys that class does not read, each naming the family it belongs to."""
     name = data.get("name")
+    given = {key for key, value in data.items() if value is not None}  # a dumped spec holds None for unset
     if isinstance(name, str) and name in MODEL_CLASSES:
         chosen = MODEL_CLASSES[name]
     else:
-        chosen = "GPTJModel" if CLASS_KEYS["GPTJModel"] & set(data) else "GPT2LMHeadModel"
+        chosen = "GPTJModel" if CLASS_KEYS["GPTJModel"] & given else "GPT2LMHeadModel"
     problems = [((key,), f"model.{key}: {CLASS_FAMILIES[other]}, not read by model.name={name} ({chosen})")
-                for other, keys in CLASS_KEYS.items() if other != chosen for key in data if key in keys]
+                for other, keys in CLASS_KEYS.items() if other != chosen for key in sorted(given & keys)]
     return chosen, problems
 
 

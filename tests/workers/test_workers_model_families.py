@@ -62,8 +62,12 @@ def test_neox_file_builds_the_parallel_block_and_residual_dropout_is_its_dropout
     assert spec.model.model_class == "GPTJModel" and spec.model.dropout_rate == 0.25
     config = model_config(spec, *planned_shapes(spec))
     assert config.is_parallel and config.use_untied_layer_norm
-    # The class survives a dump without model.name (stored specs are re-read by the service).
+    # The class survives a dump without model.name (stored specs and checkpoints are re-read),
+    # and a dump's unset keys (None) of the other class are no keys of it.
     assert JobSpec.from_yaml(spec.to_yaml()).model.model_class == "GPTJModel"
+    assert JobSpec.model_validate(spec.model_dump()).model.model_class == "GPTJModel"
+    gemma = JobSpec.from_yaml((CORPUS / "gemma2/trainer/r2.5.0_params_gemma2_9b_msl8k.yaml").read_text())
+    assert JobSpec.model_validate(gemma.model_dump()).model.model_class == "GPT2LMHeadModel"
 
 
 def test_a_parallel_block_key_under_another_model_name_names_its_family():

@@ -36,3 +36,4 @@ def check_outcomes(outcomes: dict[Path, str | None], how: str) -> None:
             continue
         problems = [line for line in refusal.splitlines() if line.startswith("  - ")]
         assert problems and all(EXPECTED["refusal_must_say"] in line for line in problems), (path, refusal)
+        assert "did you mean" not in refusal, (path, refusal)  # a published key is never a misspelling

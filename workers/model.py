@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,6 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 MODEL_CLASSES = ("GPT2LMHeadModel", "GPTJModel")
+ROUTED_EXPERT = re.compile(r"transformer_decoder\.layers\.(\d+)\.ffn\.experts\.experts\.(\d+)\.")
 GLU_ACTIVATIONS = {"swiglu": F.silu, "geglu": F.gelu, "reglu": F.relu}
 ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
                "silu": F.silu, "swish": F.silu}
@@ -840,6 +842,15 @@ class Transformer(nn.Module):
     def num_parameters(self) -> int:
         """Unique parameters (a tied head is counted once)."""
         return sum(p.numel() for p in self.parameters())
+
+    def token_share(self, module_name: str) -> float:
+        """The share of tokens a module computes on: top_k / num_experts inside a routed expert
+        (each token visits k of them), 1 elsewhere (shared experts see every token)."""
+        match = ROUTED_EXPERT.match(module_name)
+        if match is None:
+            return 1.0
+        block = self.transformer_decoder.layers[int(match[1])].ffn
+        return block.top_k / block.num_experts if int(match[2]) < block.num_experts else 1.0
 
     def num_active_parameters(self) -> int:
         """Parameters one token uses: all but the routed experts it is not sent to."""

@@ -22,6 +22,7 @@ from test_workers_model_features import GPT, LLAMA, band, reference_attention, t
 from workers import cli
 from workers.job import model_config, planned_shapes
 from workers.model import build_model, load_balancing_loss, variance_scaling_, visible_keys
+from workers.plan import plan_table, validate_plan
 
 torch.set_num_threads(1)
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "modelzoo_corpus"
@@ -318,3 +319,23 @@ def test_published_parameter_counts_within_a_tenth_of_a_percent(path):
     model = build_model(model_config(spec, *planned_shapes(spec)), seed=0, device="meta")
     assert model.num_parameters() == pytest.approx(total, rel=1e-3)
     assert model.num_active_parameters() == pytest.approx(active or total, rel=1e-3)
+
+
+def test_plan_counts_the_flops_of_the_experts_each_token_visits():
+    spec = JobSpec.model_validate({"model": {"preset": "tiny", "moe": {"num_experts": 4, "top_k": 2}},
+                                   "train_input": {"batch_size": 2, "max_sequence_length": 16}})
+    plan = validate_plan(spec, 1)
+    layers, width, ffn, vocab, seq = 2, 64, 160, 256, 16
+    per_layer = 4 * width * width + 4 * width + 2 * 3 * width * ffn  # q, k, v, out; router; 2 of 4 SwiGLU experts
+    attention = layers * 2 * 2 * seq * width
+    assert plan["flops_per_token"]["dense_forward"] == 2 * (layers * per_layer + vocab * width) + attention
+    assert plan["model"]["active_parameters"] == plan["model"]["parameters"] - layers * 2 * 3 * width * ffn
+    assert "4 experts, top 2" in plan_table(plan)
+    # Gemma-2's window on every other layer bounds the scores of those layers only.
+    windowed = JobSpec.model_validate({"model": {"preset": "tiny", "attention_sliding_window_length": 4,
+                                                 "sliding_window_every_other_decoder_layer": True},
+                                       "train_input": {"batch_size": 2, "max_sequence_length": 16}})
+    dense = validate_plan(JobSpec.model_validate({"model": {"preset": "tiny"},
+                                                  "train_input": {"batch_size": 2, "max_sequence_length": 16}}), 1)
+    saved = dense["flops_per_token"]["dense_forward"] - validate_plan(windowed, 1)["flops_per_token"]["dense_forward"]
+    assert saved == 2 * 2 * (seq - 4) * width  # layer 1 scores 4 keys instead of 16

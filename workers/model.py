@@ -567,7 +567,11 @@ class SparseMoEBlock(nn.Module):
         self.routing: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.gate(x.float() if self.router_fp32 else x)
+        if self.router_fp32:  # in float32 even under autocast, which would run the gate in 16 bits
+            with torch.autocast(x.device.type, enabled=False):
+                logits = F.linear(x.float(), self.gate.weight.float())
+        else:
+            logits = self.gate(x)
         probs = logits.softmax(-1)
         top_probs, top_index = probs.topk(self.top_k, dim=-1)
         if self.normalize:
@@ -829,7 +833,7 @@ class Transformer(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
         coefficient = (c.moe or {}).get("load_balancing_loss_coef", 0.0)
-        if coefficient and c.experts:
+        if coefficient and c.experts and self.training:  # evaluation reports the LM loss (perplexity)
             loss = loss + coefficient * load_balancing_loss(self.routings())
         return logits, loss
 

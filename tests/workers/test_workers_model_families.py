@@ -256,6 +256,19 @@ def test_load_balancing_loss_is_modelzoos_formula():
         loss = model(ids, ids)[1]
         plain = F.cross_entropy(model(ids)[0].flatten(0, 1), ids.flatten())
         assert float(loss) == pytest.approx(float(plain + 0.02 * load_balancing_loss(model.routings())), rel=1e-5)
+        model.eval()  # evaluation's loss is the LM loss alone (its perplexity is the model's)
+        assert float(model(ids, ids)[1]) == pytest.approx(float(plain), rel=1e-6)
+
+
+def test_router_runs_in_float32_under_autocast_when_router_fp32():
+    model = build_model(replace(LLAMA, moe=MOE), seed=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(tokens(vocab=64))
+    assert all(probs.dtype == torch.float32 for probs, _ in model.routings())
+    half = build_model(replace(LLAMA, moe={**MOE, "router_fp32": False}), seed=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half(tokens(vocab=64))
+    assert all(probs.dtype == torch.bfloat16 for probs, _ in half.routings())
 
 
 def test_expert_weights_take_modelzoo_names_and_sparsity_leaves_the_router_dense():

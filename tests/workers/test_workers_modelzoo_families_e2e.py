@@ -25,8 +25,9 @@ SEQ = 16
 ROTARY = {"model.rotary_dim": 8}  # the proxy's head size (32 / 4 heads)
 GQA = {"model.extra_attention_params.num_kv_groups": 2}  # 4 query heads share 2 key/value heads
 # StarCoder (its scale_qk_dot_by_layer_idx: False changes nothing: a GPT-2 with multi-query
-# attention) and MPT (ALiBi as BTLM, a LayerNorm without bias) add no block of their own; their
-# keys are tested in test_workers_model_families.py, which keeps this file's time down.
+# attention), MPT (ALiBi as BTLM, a LayerNorm without bias) and GPT-J / NeoX (Falcon's parallel
+# block, with untied norms in NeoX) add no block of their own here; their keys are tested in
+# test_workers_model_families.py, which keeps this file's time down.
 # family -> (corpus file, what shrinking that family's features needs besides the sizes,
 #            MLflow params showing the family's feature keys reached the run)
 FAMILIES = {
@@ -43,8 +44,6 @@ FAMILIES = {
                                {"model.attention_sliding_window_length": str(SEQ // 2)}),
     "btlm-alibi-mup": ("btlm/trainer/r2.5.0_params_btlm_2p7b_8k.yaml", {},
                        {"model.position_embedding_type": "alibi", "model.mup_base_hidden_size": "256.0"}),
-    "gpt-neox-parallel-untied": ("gptj/params_v2/r2.2.1_params_gpt_neox_20B.yaml", ROTARY,
-                                 {"model.use_untied_layer_norm": "True"}),
     "falcon-parallel-mqa": ("falcon/trainer/r2.5.0_params_falcon_7b.yaml", ROTARY,
                             {"model.name": "falcon", "model.extra_attention_params.num_kv_groups": "1"}),
     "gemma2-softcap-sandwich-alternating-window": (

@@ -762,7 +762,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(built.hidden_size, built.vocab_size, bias=built.use_bias_in_output)
         if built.share_embedding_weights:
             self.lm_head.weight = self.embedding_layer.word_embeddings.weight
-        self._init_weights()
+        if not self.lm_head.weight.is_meta:  # shapes only: nothing to draw (and slow on meta)
+            self._init_weights()
 
     def _init_weights(self) -> None:
         specs = initializers(self.built)

@@ -25,6 +25,8 @@ from csx_config.schedulers import LearningRate, SchedulerSpec, check_sequence, r
 
 PresetName = Literal["tiny", "mini", "small"]
 HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
+# ModelZoo data processors of models not built here, with what they read.
+PROCESSORS_NOT_BUILT = {"DpoHDF5DataProcessor": "preference pairs for DPO"}
 # Keys inside a sparsity config whose numeric values are sparsity levels.
 SPARSITY_LEVEL_KEYS = ("sparsity", "init_sparsity", "end_sparsity", "value", "init", "final",
                        "minimum")
@@ -74,7 +76,8 @@ class InputSpec(_Section):
     def _known_processor(cls, value: str | None) -> str | None:
         choices = (*HDF5_PROCESSORS, "TextDataProcessor")
         if value is not None and value not in choices:
-            raise ValueError(f"data_processor {value!r} is not supported here; choose one of {list(choices)}")
+            what = f" ({PROCESSORS_NOT_BUILT[value]})" if value in PROCESSORS_NOT_BUILT else ""
+            raise ValueError(f"data_processor {value!r}{what} is not supported here; choose one of {list(choices)}")
         return value
 
     @field_validator("data_dir")

@@ -96,6 +96,7 @@ def test_dpo_is_refused_in_one_model_message_naming_it(path):
     model_lines = [line for line in err.splitlines() if "model." in line and "data_processor" not in line]
     assert len(model_lines) == 1 and "ModelZoo's dpo model, DPO" in model_lines[0], err
     assert "is not supported here" in model_lines[0]
+    assert "'DpoHDF5DataProcessor' (preference pairs for DPO) is not supported here" in err
 
 
 def test_model_name_selects_the_class_and_an_unknown_name_lists_the_known():

@@ -111,6 +111,12 @@ class TokenizerSpec(_Section):
 Initializer = dict[str, Any]
 
 
+def check_initializer(value: Initializer | None) -> Initializer | None:
+    if value is not None and value.get("name") not in INITIALIZERS:
+        raise ValueError(f"initializer name {value.get('name')!r} is not one of {list(INITIALIZERS)}")
+    return value
+
+
 class ExtraAttentionParams(_Section):
     """``model.extra_attention_params``: ``num_kv_groups`` key/value heads for
     ``attention_module: multiquery_attention`` (1: multi-query; fewer than num_heads: GQA)."""
@@ -135,6 +141,11 @@ class MoESpec(_Section):
     expert_weighting_nonlinearity: Literal["softmax"] = "softmax"
     expert_weighting_normalization: bool = True
     gate_initializer: Initializer | None = None
+
+    @field_validator("gate_initializer")
+    @classmethod
+    def _initializer_named(cls, value: Initializer | None) -> Initializer | None:
+        return check_initializer(value)
 
     @model_validator(mode="after")
     def _experts_cover_top_k(self) -> MoESpec:
@@ -175,7 +186,8 @@ def model_class_problems(data: dict[str, Any]) -> tuple[str, list[tuple[tuple[st
         chosen = MODEL_CLASSES[name]
     else:
         chosen = "GPTJModel" if CLASS_KEYS["GPTJModel"] & given else "GPT2LMHeadModel"
-    problems = [((key,), f"model.{key}: {CLASS_FAMILIES[other]}, not read by model.name={name} ({chosen})")
+    reader = f"model.name={name} ({chosen})" if name is not None else f"{chosen} (chosen by this file's keys)"
+    problems = [((key,), f"model.{key}: {CLASS_FAMILIES[other]}, not read by {reader}")
                 for other, keys in CLASS_KEYS.items() if other != chosen for key in sorted(given & keys)]
     return chosen, problems
 
@@ -286,9 +298,7 @@ class ModelSpec(_Section):
     @field_validator("embedding_initializer", "initializer", "output_layer_initializer")
     @classmethod
     def _initializer_named(cls, value: Initializer | None) -> Initializer | None:
-        if value is not None and value.get("name") not in INITIALIZERS:
-            raise ValueError(f"initializer name {value.get('name')!r} is not one of {list(INITIALIZERS)}")
-        return value
+        return check_initializer(value)
 
     def resolved(self) -> dict[str, Any]:
         """Every architecture key with its value: the file's, else the preset's, else ModelZoo's."""

@@ -95,8 +95,8 @@ def _abbreviates(short: str, word: str) -> bool:
 def same_spelling(key: str, candidate: str) -> bool:
     """Whether ``key`` is another spelling of ``candidate``: case and separators, a typo (one
     character in eight), or an abbreviation word by word of its leading words (batch_sz, hidden).
-    Never another word: a hint
-    must not lead to a key that means something else (residual_dropout_rate is not dropout_rate)."""
+    Never another word: a hint must not lead to a key that means something else
+    (residual_dropout_rate is not dropout_rate)."""
     def squashed(name: str) -> str:
         return name.lower().replace("_", "").replace("-", "")
 

@@ -35,6 +35,8 @@ NOT_APPLIED_REASONS: dict[str, str] = {
     "model.allow_multireplica": "multi-replica compilation of the CS system",
     "model.alibi_implementation": "ALiBi kernel choice of the CS compiler",
     "optimizer.grad_accum_steps": "gradient accumulation: the same global batch trains the same here",
+    "train_input.num_examples": "read only by ModelZoo's synthetic data processor, not its HDF5 ones",
+    "eval_input.num_examples": "read only by ModelZoo's synthetic data processor, not its HDF5 ones",
 }
 # Keys each section accepts without applying them, beyond the section's own NOT_APPLIED.
 EXTRA_NOT_APPLIED: dict[str, frozenset[str]] = {
@@ -49,6 +51,8 @@ UNSUPPORTED: dict[str, str] = {
     "model.lora_params": "LoRA adapters (lora_params)",
     "train_input.data_transforms": "input data transforms (data_transforms)",
     "eval_input.data_transforms": "input data transforms (data_transforms)",
+    "train_input.mixture": "a weighted mixture of data sets (mixture)",
+    "eval_input.mixture": "a weighted mixture of data sets (mixture)",
 }
 # Values of known keys that name a feature not built here (checked only when the field
 # itself refuses the value, so a schema that grows the feature accepts it).
@@ -68,17 +72,52 @@ HINTS: dict[str, str] = {
 }
 
 
+def edit_distance(a: str, b: str) -> int:
+    """Edits from ``a`` to ``b``: insertions, deletions, substitutions and swaps of two
+    neighbouring characters (optimal string alignment)."""
+    before, previous = None, list(range(len(b) + 1))
+    for i, char in enumerate(a, 1):
+        current = [i]
+        for j, other in enumerate(b, 1):
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char != other))
+            if before is not None and j > 1 and char == b[j - 2] and a[i - 2] == other:
+                cost = min(cost, before[j - 2] + 1)
+            current.append(cost)
+        before, previous = previous, current
+    return previous[-1]
+
+
+def _abbreviates(short: str, word: str) -> bool:
+    letters = iter(word)
+    return short[:1] == word[:1] and all(char in letters for char in short)
+
+
+def same_spelling(key: str, candidate: str) -> bool:
+    """Whether ``key`` is another spelling of ``candidate``: case and separators, a typo (one
+    character in eight), or an abbreviation word by word of its leading words (batch_sz, hidden).
+    Never another word: a hint must not lead to a key that means something else
+    (residual_dropout_rate is not dropout_rate)."""
+    def squashed(name: str) -> str:
+        return name.lower().replace("_", "").replace("-", "")
+
+    words, candidate_words = key.lower().split("_"), candidate.lower().split("_")
+    return (squashed(key) == squashed(candidate) or edit_distance(key, candidate) <= max(1, len(candidate) // 8)
+            or (len(words) <= len(candidate_words) and all(map(_abbreviates, words, candidate_words))))
+
+
 def unknown_key_message(key: str, known: set[str], where: str) -> str:
-    """Why ``where.key`` is refused: a feature not built here, or a key with its closest match."""
+    """Why ``where.key`` is refused: a feature not built here, or a key with the known key it
+    misspells (an old spelling's meaning from HINTS); no hint when none has its meaning."""
     path = f"{where}.{key}"
     if path in UNSUPPORTED:
         return f"{path}: {UNSUPPORTED[path]} is not supported here"
     target = HINTS.get(key)
     if target not in known:
-        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-        target = close[0] if close else None
+        spelled = [name for name in difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+                   if same_spelling(key, name)]
+        target = spelled[0] if spelled else None
     hint = f"; did you mean {target!r}?" if target else ""
-    return f"{path} is not a key of {where} (ModelZoo GPT-2/3 / Llama schema){hint}"
+    return f"{path} is not a key of {where} (ModelZoo decoder LM schema){hint}"
 
 
 def unsupported_value(section: type[BaseModel], where: str, key: str, value: Any) -> str | None:

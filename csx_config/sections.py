@@ -16,13 +16,17 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, field_validator,
+                      model_validator)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from csx_config.keys import EXTRA_NOT_APPLIED, HARDWARE_ONLY, NOT_APPLIED_REASONS, validate_all_keys
 from csx_config.schedulers import LearningRate, SchedulerSpec, check_sequence, rename_aliases
 
 PresetName = Literal["tiny", "mini", "small"]
 HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
+# ModelZoo data processors of models not built here, with what they read.
+PROCESSORS_NOT_BUILT = {"DpoHDF5DataProcessor": "preference pairs for DPO"}
 # Keys inside a sparsity config whose numeric values are sparsity levels.
 SPARSITY_LEVEL_KEYS = ("sparsity", "init_sparsity", "end_sparsity", "value", "init", "final",
                        "minimum")
@@ -76,7 +80,8 @@ class InputSpec(_Section):
     def _known_processor(cls, value: str | None) -> str | None:
         choices = (*HDF5_PROCESSORS, "TextDataProcessor")
         if value is not None and value not in choices:
-            raise ValueError(f"data_processor {value!r} is not supported here; choose one of {list(choices)}")
+            what = f" ({PROCESSORS_NOT_BUILT[value]})" if value in PROCESSORS_NOT_BUILT else ""
+            raise ValueError(f"data_processor {value!r}{what} is not supported here; choose one of {list(choices)}")
         return value
 
     @field_validator("data_dir")
@@ -113,6 +118,12 @@ class TokenizerSpec(_Section):
 Initializer = dict[str, Any]
 
 
+def check_initializer(value: Initializer | None) -> Initializer | None:
+    if value is not None and value.get("name") not in INITIALIZERS:
+        raise ValueError(f"initializer name {value.get('name')!r} is not one of {list(INITIALIZERS)}")
+    return value
+
+
 class ExtraAttentionParams(_Section):
     """``model.extra_attention_params``: ``num_kv_groups`` key/value heads for
     ``attention_module: multiquery_attention`` (1: multi-query; fewer than num_heads: GQA)."""
@@ -120,14 +131,87 @@ class ExtraAttentionParams(_Section):
     num_kv_groups: PositiveInt | None = None
 
 
+class MoESpec(_Section):
+    """``model.moe`` (``moe_params`` before 2.4): a mixture of ``num_experts`` FFN experts, each
+    token routed to ``top_k`` of them by a learned router, plus ``num_shared_experts`` every
+    token passes through; ``load_balancing_loss_coef`` weighs the router's balance loss."""
+    SECTION = "model.moe"
+    NOT_APPLIED = frozenset({"moe_implementation"})
+    num_experts: PositiveInt = 1
+    top_k: PositiveInt = 1
+    num_shared_experts: PositiveInt | None = None
+    load_balancing_loss_coef: float = Field(0.0, ge=0.0)
+    null_expert_bias: float | None = Field(None, ge=0.0)
+    router_fp32: bool = True
+    routing_algorithm: Literal["learned"] = "learned"
+    router_selection_nonlinearity: Literal["softmax"] = "softmax"
+    expert_weighting_nonlinearity: Literal["softmax"] = "softmax"
+    expert_weighting_normalization: bool = True
+    gate_initializer: Initializer | None = None
+
+    @field_validator("gate_initializer")
+    @classmethod
+    def _initializer_named(cls, value: Initializer | None) -> Initializer | None:
+        return check_initializer(value)
+
+    @model_validator(mode="after")
+    def _experts_cover_top_k(self) -> MoESpec:
+        if self.top_k > self.num_experts:
+            raise ValueError(f"model.moe.top_k ({self.top_k}) must be at most num_experts ({self.num_experts})")
+        return self
+
+
+# model.name -> the ModelZoo model class it selects (the class decides the decoder block).
+MODEL_CLASSES: dict[str, str] = {
+    **dict.fromkeys(("gpt2", "gpt3", "llama", "mistral", "btlm", "bloom", "jais", "starcoder",
+                     "santacoder", "mpt", "gemma2", "mixtral"), "GPT2LMHeadModel"),
+    "gptj": "GPTJModel", "falcon": "GPTJModel"}
+# ModelZoo model classes csx does not build, with what each is.
+MODELS_NOT_BUILT: dict[str, str] = {
+    "dpo": "DPO (a policy model and a frozen reference model trained on preference pairs)",
+    "bert": "BERT (an encoder)", "t5": "T5 (an encoder-decoder)", "transformer": "the encoder-decoder Transformer",
+    "llava": "LLaVA (a multimodal model)", "multimodal_simple": "a multimodal model", "esm2": "ESM-2 (an encoder)",
+    "dpr": "DPR (a retrieval encoder pair)"}
+# Keys only the parallel-block GPTJModel reads (GPT-J, GPT-NeoX, Falcon), and the keys only
+# GPT2LMHeadModel reads: a file that names the other class is told which family a key is of.
+CLASS_KEYS: dict[str, frozenset[str]] = {
+    "GPTJModel": frozenset({"use_untied_layer_norm", "residual_dropout_rate"}),
+    "GPT2LMHeadModel": frozenset({
+        "norm_first_sandwich", "attention_logit_softcapping", "final_logit_softcapping",
+        "sliding_window_every_other_decoder_layer", "scale_qk_dot_by_layer_idx", "scale_by_layer_index"}),
+}
+CLASS_FAMILIES = {"GPTJModel": "parallel-block key of GPT-J/NeoX/Falcon (model.name: gptj or falcon)",
+                  "GPT2LMHeadModel": "key of GPT2LMHeadModel (GPT-2/3, Llama, StarCoder, Gemma-2, Mixtral...)"}
+
+
+def model_class_problems(data: dict[str, Any]) -> tuple[str, list[tuple[tuple[str, ...], str]]]:
+    """The model class a model section selects (``model.name``, else the class whose own keys it
+    uses) and its keys that class does not read, each naming the family it belongs to."""
+    name = data.get("name")
+    given = {key for key, value in data.items() if value is not None}  # a dumped spec holds None for unset
+    if isinstance(name, str) and name in MODEL_CLASSES:
+        chosen = MODEL_CLASSES[name]
+    else:
+        chosen = "GPTJModel" if CLASS_KEYS["GPTJModel"] & given else "GPT2LMHeadModel"
+    reader = f"model.name={name} ({chosen})" if name is not None else f"{chosen} (chosen by this file's keys)"
+    problems = [((key,), f"model.{key}: {CLASS_FAMILIES[other]}, not read by {reader}")
+                for other, keys in CLASS_KEYS.items() if other != chosen for key in sorted(given & keys)]
+    return chosen, problems
+
+
 class ModelSpec(_Section):
-    """ModelZoo's GPT2LMHeadModel keys (GPT-3, BTLM, Llama and Mistral use the same model).
-    Unset keys take the preset's value, else ModelZoo's default (``MODELZOO_DEFAULTS``)."""
+    """ModelZoo's decoder LM keys: GPT2LMHeadModel's (GPT-2/3, BTLM, Bloom, Jais, Llama, Mistral,
+    StarCoder, MPT, Gemma-2, Mixtral) and GPTJModel's (GPT-J, GPT-NeoX, Falcon), the class
+    chosen by ``name``. Unset keys take the preset's value, else ModelZoo's default
+    (``MODELZOO_DEFAULTS``)."""
     SECTION = "model"
     NOT_APPLIED = frozenset({
         "mixed_precision", "fp16_type", "use_bfloat16", "precision_opt_level", "loss_scaling",
         "loss_weight", "attention_softmax_fp32", "fold_rope_consts", "attention_kernel",
-        "boundary_casting", "tf_summary", "name", "dtype", "label_smoothing", "z_loss_eps"})
+        "boundary_casting", "tf_summary", "dtype", "label_smoothing", "z_loss_eps"})
+    ALIASES = {"residual_dropout_rate": "dropout_rate", "scale_by_layer_index": "scale_qk_dot_by_layer_idx",
+               "moe_params": "moe"}
+    name: str | None = None  # the ModelZoo model class (MODEL_CLASSES); None: from the keys
     preset: PresetName | None = None
     vocab_size: PositiveInt | None = None
     hidden_size: PositiveInt | None = None
@@ -145,7 +229,7 @@ class ModelSpec(_Section):
     share_embedding_weights: bool | None = None
     embedding_layer_norm: bool | None = None
     nonlinearity: Literal["gelu", "gelu_new", "relu", "silu", "swish", "swiglu", "geglu", "reglu"] | None = None
-    norm_type: Literal["layernorm", "rmsnorm"] | None = None
+    norm_type: Literal["layernorm", "rmsnorm", "biasless-layernorm"] | None = None
     layer_norm_epsilon: float | None = Field(None, gt=0.0)
     attention_type: Literal["scaled_dot_product", "dot_product"] | None = None
     attention_module: Literal["aiayn_attention", "multiquery_attention"] | None = None
@@ -172,8 +256,46 @@ class ModelSpec(_Section):
     output_logits_scale: float | None = Field(None, gt=0.0)
     scale_qk_dot_by_d: bool | None = None
     attention_logits_alpha: float | None = Field(None, gt=0.0)
+    use_untied_layer_norm: bool | None = None  # GPTJModel: separate norms before attention and FFN
+    scale_qk_dot_by_layer_idx: bool | None = None
+    attention_logit_softcapping: float | None = Field(None, gt=0.0)
+    final_logit_softcapping: float | None = Field(None, gt=0.0)
+    norm_first_sandwich: bool | None = None
+    sliding_window_every_other_decoder_layer: bool | None = None
+    moe: MoESpec | None = None
     sparse_wide_sparsity: float = Field(0.0, ge=0.0, lt=1.0)
     tokenizer: TokenizerSpec = TokenizerSpec()
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _known_keys(cls, data: Any, handler: Any) -> Any:
+        """The model class first: a class not built is refused in one message naming it, and a
+        key of the other class names the family it belongs to."""
+        if not isinstance(data, dict):
+            return handler(data)
+        name = "dpo" if "dpo" in data else data.get("name")  # 2.x DPO files give model.dpo, no name
+        if name is not None and name not in MODEL_CLASSES:
+            what = MODELS_NOT_BUILT.get(name) if isinstance(name, str) else None
+            message = (f"model.name: ModelZoo's {name} model, {what}, is not supported here" if what else
+                       f"model.name {name!r} is not a ModelZoo decoder LM; one of {sorted(MODEL_CLASSES)}")
+            raise ValidationError.from_exception_data(cls.__name__, [InitErrorDetails(
+                type=PydanticCustomError("not_supported", "{message}", {"message": message}),
+                loc=("name",), input=name)])
+        chosen, problems = model_class_problems(data)
+        if "residual_dropout_rate" in data and data.get("dropout_rate") == data["residual_dropout_rate"]:
+            data = {k: v for k, v in data.items() if k != "residual_dropout_rate"}  # Falcon gives both
+        data = rename_aliases({k: v for k, v in data.items() if (k,) not in dict(problems)},
+                              cls.ALIASES, prefix="model: ")
+        if chosen == "GPTJModel":  # kept in the spec, so the class survives a dump without a name
+            data.setdefault("use_untied_layer_norm", False)
+        return validate_all_keys(cls, data, handler, cls.known_keys(), cls.SECTION, problems)
+
+    @property
+    def model_class(self) -> str:
+        """ModelZoo's model class: ``name``'s, else GPTJModel when its keys are given."""
+        if self.name in MODEL_CLASSES:
+            return MODEL_CLASSES[self.name]
+        return "GPT2LMHeadModel" if self.use_untied_layer_norm is None else "GPTJModel"
 
     @field_validator("tokenizer", mode="before")
     @classmethod
@@ -183,9 +305,7 @@ class ModelSpec(_Section):
     @field_validator("embedding_initializer", "initializer", "output_layer_initializer")
     @classmethod
     def _initializer_named(cls, value: Initializer | None) -> Initializer | None:
-        if value is not None and value.get("name") not in INITIALIZERS:
-            raise ValueError(f"initializer name {value.get('name')!r} is not one of {list(INITIALIZERS)}")
-        return value
+        return check_initializer(value)
 
     def resolved(self) -> dict[str, Any]:
         """Every architecture key with its value: the file's, else the preset's, else ModelZoo's."""
@@ -195,6 +315,9 @@ class ModelSpec(_Section):
         values.update({k: getattr(self, k) for k in MODELZOO_DEFAULTS if getattr(self, k) is not None})
         if self.extra_attention_params is not None:
             values["extra_attention_params"] = self.extra_attention_params.model_dump(exclude_none=True)
+        if self.moe is not None:
+            values["moe"] = self.moe.model_dump(exclude_none=True)
+        values["model_class"] = self.model_class
         values["sparse_wide_sparsity"] = self.sparse_wide_sparsity
         return values
 
@@ -204,6 +327,7 @@ LR_ADJUSTMENT_GROUPS = ("embedding", "decoder_kernel", "decoder_attention", "dec
                         "decoder_output_ffn")
 # torch.nn.init names a ModelZoo initializer may use, with the keys each takes besides "name".
 INITIALIZERS = {"normal": ("mean", "std"), "truncated_normal": ("mean", "std", "a", "b"),
+                "variance_scaling": ("scale", "mode", "distribution"),
                 "uniform": ("a", "b"), "xavier_uniform": ("gain",), "xavier_normal": ("gain",),
                 "zeros": (), "ones": ()}
 # GPT2LMHeadModelConfig's defaults (ModelZoo 2.x).
@@ -222,6 +346,8 @@ MODELZOO_DEFAULTS: dict[str, Any] = {
     "output_layer_initializer": None, "mup_base_hidden_size": None, "mup_base_filter_size": None,
     "embeddings_scale": 1.0, "output_logits_alpha": None, "scale_output_logits_by_d": True,
     "output_logits_scale": None, "scale_qk_dot_by_d": False, "attention_logits_alpha": 1.0,
+    "use_untied_layer_norm": False, "scale_qk_dot_by_layer_idx": False, "attention_logit_softcapping": None,
+    "final_logit_softcapping": None, "norm_first_sandwich": False, "sliding_window_every_other_decoder_layer": False,
 }
 _SMALL_LLAMA = {"position_embedding_type": "rotary", "norm_type": "rmsnorm", "nonlinearity": "swiglu",
                 "use_projection_bias_in_attention": False, "use_ffn_bias_in_attention": False,

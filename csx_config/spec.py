@@ -59,6 +59,7 @@ class JobSpec(BaseModel):
         if not isinstance(data, dict):
             return handler(data)
         params, notes, problems = normalise(data)
+        problems += batch_split_problems(params)
         try:
             spec = validate_all_keys(cls, params, handler, set(cls.model_fields), "params", problems)
         except ValidationError as err:  # named where the file has them
@@ -104,6 +105,22 @@ class JobSpec(BaseModel):
     def upgrades(self) -> list[str]:
         """How the file's deprecated keys were read (``model.use_rms_norm -> ...``)."""
         return list(self._upgrades)
+
+
+def batch_split_problems(params: dict[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+    """The global batch must split evenly over runconfig.num_csx: checked with the schema, so a
+    file hears of it together with its other problems."""
+    sections = [params.get(name) for name in ("train_input", "runconfig")]
+    if not all(isinstance(section, dict) for section in sections):
+        return []
+    batch = sections[0].get("batch_size", TrainInputSpec.model_fields["batch_size"].default)
+    num_csx = sections[1].get("num_csx", RunConfigSpec.model_fields["num_csx"].default)
+    numbers = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (batch, num_csx))
+    if not numbers or batch % num_csx == 0:
+        return []
+    return [(("train_input", "batch_size"),
+             f"train_input.batch_size ({batch}) must be divisible by runconfig.num_csx ({num_csx}): "
+             "the global batch is split evenly over the systems")]
 
 
 def parse_yaml(text: str) -> dict[str, Any]:

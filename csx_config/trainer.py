@@ -251,12 +251,22 @@ def _scheduler_entry(entry: Any) -> dict[str, Any] | None:
     return None
 
 
+def _unwrap_scale_per_param(entry: Any) -> Any:
+    """The schedule a ``ScalePerParamLR`` wraps: that wrapper multiplies each parameter group's
+    rate by the group's learning-rate factor (muP's lr_adjustment_groups), which every schedule
+    here does already (workers.job.make_optimizer)."""
+    while (isinstance(entry, dict) and list(entry) == ["ScalePerParamLR"]
+           and isinstance(entry["ScalePerParamLR"], dict) and list(entry["ScalePerParamLR"]) == ["scheduler"]):
+        entry = entry["ScalePerParamLR"]["scheduler"]
+    return entry
+
+
 def _rate_from_schedulers(schedulers: Any) -> tuple[Any, str | None]:
     entries = schedulers if isinstance(schedulers, list) else [schedulers]
     if len(entries) != 1:
         return None, (f"trainer.init.schedulers holds {len(entries)} schedulers; csx runs one "
                       "learning-rate schedule (a SequentialLR for several in a row)")
-    entry = _scheduler_entry(entries[0])
+    entry = _scheduler_entry(_unwrap_scale_per_param(entries[0]))
     if entry is None:
         return None, "trainer.init.schedulers[0] must be one {SchedulerName: {...}}"
     if entry["scheduler"] != "SequentialLR":

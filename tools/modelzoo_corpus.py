@@ -2,8 +2,10 @@
 
     python tools/modelzoo_corpus.py GIT_DIR [--out tests/fixtures/modelzoo_corpus]
 
-Reads every YAML config of the decoder families (gpt2, gpt3 with Cerebras_GPT, muP and
-sparsity/, llama, mistral, btlm) in every release tag, keeps each distinct content once (under
+Reads every YAML config of the decoder-only LM families (gpt2, gpt3 with Cerebras_GPT, muP and
+sparsity/, llama, mistral, btlm, bloom, jais, gptj with GPT-NeoX and its continuous pretraining,
+falcon, starcoder with its fine-tunes, santacoder, mpt, gemma2, mixtral with the MoE configs,
+dpo) in every release tag, keeps each distinct content once (under
 the first release that published it), and writes it as
 ``<family>/<layout>/<release>_<name>.yaml``: the published keys and values, comments dropped.
 A file without a sparsity section gets one taken from ModelZoo's own sparsity configs of the
@@ -17,13 +19,16 @@ import argparse
 import json
 import re
 import subprocess
+import zlib
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-FAMILIES = ("gpt2", "gpt3", "llama", "mistral", "btlm")
-CONFIG_PATH = re.compile(r"/(?P<family>gpt2|gpt3|llama|mistral|btlm)/configs/(?P<name>.+)\.ya?ml$")
+FAMILIES = ("gpt2", "gpt3", "llama", "mistral", "btlm", "bloom", "jais", "gptj", "falcon", "starcoder",
+            "santacoder", "mpt", "gemma2", "mixtral", "dpo")
+CONFIG_PATH = re.compile(rf"/(?P<family>{'|'.join(FAMILIES)})/(?:(?:fine_tuning/)?continuous_pretraining/)?"
+                         r"configs/(?P<name>.+)\.ya?ml$")
 
 
 def git(repo: str, *args: str) -> str:
@@ -103,13 +108,15 @@ def main() -> None:
                                 "layout": layout_of(data, tag)})
     donors = sparsity_donors(corpus)
     out = Path(args.out)
-    for index, ((family, name, _), item) in enumerate(sorted(corpus.items())):
+    for (family, name, _), item in sorted(corpus.items()):
         header = f"# Cerebras/modelzoo {item['release']}: {family}/configs/{name}.yaml (comments dropped)\n"
+        path = out / family / item["layout"] / f"{item['release']}_{name}.yaml"
         if own_sparsity(item["data"]) is None:
-            source, section = donors[item["layout"]][index % len(donors[item["layout"]])]
+            # Chosen by the file's own path, so a file keeps its donor as the corpus grows.
+            choice = zlib.crc32(str(path.relative_to(out)).encode())
+            source, section = donors[item["layout"]][choice % len(donors[item["layout"]])]
             add_sparsity(item["data"], section)
             header += f"# sparsity section added from ModelZoo's {source}\n"
-        path = out / family / item["layout"] / f"{item['release']}_{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(header + yaml.safe_dump(item["data"], sort_keys=False, width=100), encoding="utf-8")
     print(f"{len(corpus)} files under {out}")

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from csx_config import keys, params_v1, params_v2, trainer
-from csx_config.sections import InputSpec, ModelSpec, OptimizerSpec, RunConfigSpec, TrainInputSpec
+from csx_config.sections import MODELS_NOT_BUILT, InputSpec, ModelSpec, OptimizerSpec, RunConfigSpec, TrainInputSpec
 
 SECTIONS = {"train_input": TrainInputSpec, "eval_input": InputSpec, "model": ModelSpec,
             "optimizer": OptimizerSpec, "runconfig": RunConfigSpec}
@@ -82,8 +82,21 @@ MEANINGS = {
     "mup_base_hidden_size": "muP: width of the base model", "mup_base_filter_size": "muP: FFN width of the base model",
     "output_logits_alpha": "muP: logit multiplier", "attention_sink_tokens": "attention sink tokens",
     "attention_inner_dim": "attention width", "data_transforms": "transforms applied to the samples",
-    "name": "model class name",
+    "name": "ModelZoo model class (gpt2, gptj, falcon, gemma2, mixtral, dpo, ...)",
+    "residual_dropout_rate": "GPTJModel's residual dropout", "use_untied_layer_norm":
+    "parallel block: separate norms before attention and MLP (GPT-NeoX) or one (GPT-J, Falcon)",
+    "scale_qk_dot_by_layer_idx": "divide layer i's attention scores by i + 1",
+    "scale_by_layer_index": "older name of scale_qk_dot_by_layer_idx",
+    "attention_logit_softcapping": "Gemma-2: c·tanh(scores / c)", "final_logit_softcapping": "Gemma-2: c·tanh(logits / c)",
+    "norm_first_sandwich": "Gemma-2: norm each sublayer's output too",
+    "sliding_window_every_other_decoder_layer": "Gemma-2: sliding window on odd layers only",
+    "moe": "mixture of experts (num_experts, top_k, load_balancing_loss_coef, shared experts, router)",
+    "mixture": "weighted mixture of data sets", "num_examples": "examples of a synthetic data set",
+    "dpo": "DPO loss settings (beta, reference_free)", "policy_model": "DPO: the model trained",
+    "compute_eval_metrics": "DPO: reward metrics in eval", "model_name": "DPO: the policy's model class",
 }
+# The model keys of ModelZoo's DPO files (beside the policy's own): refused with the DPO class.
+DPO_KEYS = ("dpo", "policy_model", "compute_eval_metrics", "model_name")
 UPGRADES = {
     "model.use_position_embedding": "upgraded: true → the positions position_embedding_type gives; false → refused unless rotary",
     "model.use_rms_norm": "upgraded to norm_type: rmsnorm / layernorm",
@@ -151,10 +164,14 @@ def what_csx_does(path: str | None) -> str:
                 if standard and path.startswith("model.") else "")
         return f"refused: {keys.UNSUPPORTED[path]}{also}"
     section, _, key = path.partition(".")
+    if section == "model" and key in DPO_KEYS:
+        return f"refused: {MODELS_NOT_BUILT['dpo']} (the file is refused in one message naming DPO)"
     cls = SECTIONS.get(section)
     if cls is None:
         return "?"
     key = key.split(".")[0]
+    if key in cls.ALIASES:
+        return f"applied as `{cls.ALIASES[key]}`"
     if key in cls.model_fields:
         values = [v for (p, v) in keys.UNSUPPORTED_VALUES if p == path]
         return "applied" + (f" (refused: {', '.join(values)})" if values else "")
@@ -179,9 +196,10 @@ def main() -> None:
         "# ModelZoo keys: where they appear and what csx does with them",
         "",
         f"Built by `python tools/modelzoo_keys.py` from the {len(files)} files of "
-        "tests/fixtures/modelzoo_corpus (every decoder config Cerebras ModelZoo published for gpt2, "
-        "gpt3 with Cerebras_GPT / muP / sparsity, llama, mistral and btlm, releases 1.6 to 2.10, "
-        "each distinct version once). `params_v1`: releases 1.x; `params_v2`: 2.x params files; "
+        "tests/fixtures/modelzoo_corpus (every decoder-only LM config Cerebras ModelZoo published: "
+        "gpt2, gpt3 with Cerebras_GPT / muP / sparsity, llama, mistral, btlm, bloom, jais, gptj "
+        "with GPT-NeoX, falcon, starcoder, santacoder, mpt, gemma2, mixtral with MoE, dpo; "
+        "releases 1.6 to 2.10, each distinct version once). `params_v1`: releases 1.x; `params_v2`: 2.x params files; "
         "`trainer`: the `trainer:` layout (2.3+). Trainer keys show their params key. The sparsity "
         "section's own keys are passed to `sparsity.configure` and not listed. *Applied*: the key "
         "changes the run here; *upgraded*: a deprecated key read as its current meaning; *not "

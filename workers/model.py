@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -59,6 +60,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+MODEL_CLASSES = ("GPT2LMHeadModel", "GPTJModel")
+ROUTED_EXPERT = re.compile(r"transformer_decoder\.layers\.(\d+)\.ffn\.experts\.experts\.(\d+)\.")
 GLU_ACTIVATIONS = {"swiglu": F.silu, "geglu": F.gelu, "reglu": F.relu}
 ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
                "silu": F.silu, "swish": F.silu}
@@ -121,6 +124,15 @@ class ModelConfig:
     output_logits_scale: float | None = None
     scale_qk_dot_by_d: bool = False
     attention_logits_alpha: float = 1.0
+    # ModelZoo's model class: GPT2LMHeadModel (sequential block) or GPTJModel (parallel block)
+    model_class: str = "GPT2LMHeadModel"
+    use_untied_layer_norm: bool = False  # GPTJModel: norm3 before the FFN (NeoX), else norm1 for both
+    scale_qk_dot_by_layer_idx: bool = False  # QKᵀ of layer i (from 0) also divided by i + 1
+    attention_logit_softcapping: float | None = None  # Gemma-2: c·tanh(logits / c)
+    final_logit_softcapping: float | None = None
+    norm_first_sandwich: bool = False  # Gemma-2: norm1_post / norm3_post on each sublayer's output
+    sliding_window_every_other_decoder_layer: bool = False  # the window on odd layers only
+    moe: dict[str, Any] | None = None  # model.moe (csx_config.sections.MoESpec's keys)
     sparse_wide_sparsity: float = 0.0
 
     def __post_init__(self) -> None:
@@ -134,6 +146,15 @@ class ModelConfig:
         if not 0.0 <= self.sparse_wide_sparsity < 1.0:
             raise ValueError(
                 f"model.sparse_wide_sparsity must be in [0, 1), got {self.sparse_wide_sparsity}")
+        if self.model_class not in MODEL_CLASSES:
+            raise ValueError(f"model class {self.model_class!r} is not one of {list(MODEL_CLASSES)}")
+        if self.sliding_window_every_other_decoder_layer and self.attention_sliding_window_length is None:
+            raise ValueError("model.sliding_window_every_other_decoder_layer needs model.attention_sliding_window_length")
+        if self.norm_first_sandwich and self.is_parallel:
+            raise ValueError("model.norm_first_sandwich is a key of the sequential block (GPT2LMHeadModel), "
+                             "not of GPTJModel's parallel block")
+        if self.moe is not None and not 1 <= self.moe.get("top_k", 1) <= self.moe.get("num_experts", 1):
+            raise ValueError(f"model.moe.top_k must be in [1, num_experts], got {self.moe}")
         self._check_attention()
         self._check_positions()
         self._check_mup()
@@ -196,6 +217,24 @@ class ModelConfig:
         if bases[0] is not None and self.output_logits_scale is not None:
             raise ValueError("model.output_logits_scale is the older muP form: give it, or the muP base "
                              "sizes (mup_base_hidden_size, mup_base_filter_size), not both")
+
+    @property
+    def is_parallel(self) -> bool:
+        return self.model_class == "GPTJModel"
+
+    @property
+    def experts(self) -> int:
+        """Routed experts of each MoE block (0: a plain FFN, as ModelZoo builds num_experts 1)."""
+        moe = self.moe or {}
+        total = moe.get("num_experts", 1) + (moe.get("num_shared_experts") or 0)
+        return moe.get("num_experts", 1) if total > 1 else 0
+
+    def window_of_layer(self, index: int) -> int | None:
+        """The sliding window of decoder layer ``index``: every layer's, or with
+        sliding_window_every_other_decoder_layer the odd layers' only (ModelZoo's order)."""
+        if self.sliding_window_every_other_decoder_layer and index % 2 == 0:
+            return None
+        return self.attention_sliding_window_length
 
     @property
     def inner_dim(self) -> int:
@@ -295,7 +334,8 @@ def learning_rate_scale(scales: dict[str, float], name: str) -> float:
 def make_norm(config: ModelConfig) -> nn.Module:
     if config.norm_type == "rmsnorm":
         return nn.RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
-    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon,
+                        bias=config.norm_type != "biasless-layernorm")  # MPT: no bias
 
 
 def rope_frequencies(rotary_dim: int, theta: float, scaling_type: str = "linear", factor: float = 1.0,
@@ -418,7 +458,7 @@ class MultiheadAttention(nn.Module):
     multiquery_attention: k and v project to num_kv_groups heads, each shared by
     num_heads / num_kv_groups consecutive query heads."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int = 0) -> None:
         super().__init__()
         width, bias = config.hidden_size, config.use_projection_bias_in_attention
         self.num_heads, self.kv_heads, self.head_dim = config.num_heads, config.kv_heads, config.head_dim
@@ -427,9 +467,10 @@ class MultiheadAttention(nn.Module):
         self.proj_v_dense_layer = nn.Linear(width, self.kv_heads * self.head_dim, bias=bias)
         self.proj_output_dense_layer = nn.Linear(config.inner_dim, width, bias=config.use_ffn_bias_in_attention)
         self.dropout = config.attention_dropout_rate
-        self.scale = config.attention_scale
+        self.scale = config.attention_scale / (layer_index + 1 if config.scale_qk_dot_by_layer_idx else 1)
+        self.softcap = config.attention_logit_softcapping
         # Read by simulator.layers_from_model to cost the attention scores.
-        self.window, self.sink_tokens = config.attention_sliding_window_length, config.attention_sink_tokens
+        self.window, self.sink_tokens = config.window_of_layer(layer_index), config.attention_sink_tokens
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -443,11 +484,27 @@ class MultiheadAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if mask is not None and mask.is_floating_point():
             mask = mask.to(q.dtype)  # under autocast
-        y = F.scaled_dot_product_attention(
-            q, k, heads(self.proj_v_dense_layer(x), self.kv_heads), attn_mask=mask, is_causal=mask is None,
-            dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
-            enable_gqa=self.kv_heads != self.num_heads)
+        v, dropout = heads(self.proj_v_dense_layer(x), self.kv_heads), self.dropout if self.training else 0.0
+        if self.softcap is None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=dropout,
+                                               scale=self.scale, enable_gqa=self.kv_heads != self.num_heads)
+        else:
+            y = self._softcapped(q, k, v, mask, dropout)
         return self.proj_output_dense_layer(y.transpose(1, 2).flatten(2))
+
+    def _softcapped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                    dropout: float) -> torch.Tensor:
+        """Attention with Gemma-2's logit soft-capping (cap · tanh(logits / cap), before the mask),
+        which SDPA cannot apply."""
+        repeat = self.num_heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        logits = (q @ k.transpose(-1, -2)) * self.scale
+        logits = self.softcap * torch.tanh(logits / self.softcap)
+        length = q.shape[-2]
+        if mask is None:
+            mask = visible_keys(length, None, None, q.device)
+        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+        return F.dropout(logits.softmax(-1), dropout) @ v
 
 
 class FeedForwardLayer(nn.Module):
@@ -479,27 +536,108 @@ class FeedForwardNetwork(nn.Module):
         return self.ffn[1](self.ffn[0](x))
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm: x + attn(norm1(x)), then x + ffn(norm3(x)) (norm2 is ModelZoo's cross-attention)."""
+class ExpertsFeedForwardNetwork(nn.Module):
+    """ModelZoo's functional experts: ``experts.{e}`` is a whole FFN (routed experts first, then
+    the shared ones), so a sparsity filter on ``*linear_layer.weight`` gives every expert its own
+    masks."""
+
+    def __init__(self, config: ModelConfig, count: int) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(FeedForwardNetwork(config) for _ in range(count))
+
+
+class SparseMoEBlock(nn.Module):
+    """A mixture of experts in place of the FFN (Mixtral; Shazeer et al. 2017): a learned router
+    (``gate``, kept dense) sends each token to its ``top_k`` experts by softmax probability and
+    sums their outputs weighted by those probabilities (renormalised over the chosen k, plus
+    ``null_expert_bias`` when given); shared experts see every token with weight 1. Each forward
+    keeps the router probabilities and the 0/1 choice of every token (``routing``) for the
+    load-balancing loss and the router-load metrics."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        moe = config.moe or {}
+        self.num_experts, self.top_k = moe.get("num_experts", 1), moe.get("top_k", 1)
+        self.router_fp32 = moe.get("router_fp32", True)
+        self.normalize = moe.get("expert_weighting_normalization", True)
+        self.null_expert_bias = moe.get("null_expert_bias") or 0.0
+        self.gate = nn.Linear(config.hidden_size, self.num_experts, bias=False)
+        self.gate.weight.requires_dense = True  # the router stays dense under any sparsity filter
+        self.experts = ExpertsFeedForwardNetwork(config, self.num_experts + (moe.get("num_shared_experts") or 0))
+        self.routing: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.router_fp32:  # in float32 even under autocast, which would run the gate in 16 bits
+            with torch.autocast(x.device.type, enabled=False):
+                logits = F.linear(x.float(), self.gate.weight.float())
+        else:
+            logits = self.gate(x)
+        probs = logits.softmax(-1)
+        top_probs, top_index = probs.topk(self.top_k, dim=-1)
+        if self.normalize:
+            top_probs = top_probs / (top_probs.sum(-1, keepdim=True) + self.null_expert_bias)
+        chosen = F.one_hot(top_index, self.num_experts).to(probs.dtype)  # (B, T, k, E)
+        weights = (top_probs.unsqueeze(-1) * chosen).sum(-2).to(x.dtype)  # (B, T, E), 0 where not chosen
+        self.routing = (probs, chosen.sum(-2))
+        out = torch.zeros_like(x)
+        for index, expert in enumerate(self.experts.experts):
+            weight = weights[..., index, None] if index < self.num_experts else 1.0
+            out = out + weight * expert(x)
+        return out
+
+
+def load_balancing_loss(routings: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """ModelZoo's LoadBalancingLoss (Switch Transformer's, Fedus et al. 2021, for top-k): per
+    sequence, the share of tokens sent to each expert and its mean router probability, each
+    averaged over the MoE layers; E² times the mean of their product (1 when perfectly even
+    with k = 1)."""
+    experts = routings[0][0].shape[-1]
+    tokens = torch.stack([chosen.mean(1) for _, chosen in routings]).mean(0)  # (B, E)
+    probs = torch.stack([probs.mean(1) for probs, _ in routings]).mean(0)
+    return experts ** 2 * (tokens * probs).mean()
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm. GPT2LMHeadModel: x + attn(norm1(x)), then x + ffn(norm3(x)) (norm2 is
+    ModelZoo's cross-attention), with ``norm_first_sandwich`` each sublayer's output normed
+    again (norm1_post, norm3_post). GPTJModel (GPT-J, NeoX, Falcon): one parallel step,
+    x + attn(norm1(x)) + ffn(norm3(x)), norm3 only with ``use_untied_layer_norm`` (else
+    norm1 feeds both). The FFN is a mixture of experts when ``moe`` has several."""
+
+    def __init__(self, config: ModelConfig, index: int = 0) -> None:
+        super().__init__()
+        self.parallel = config.is_parallel
         self.norm1 = make_norm(config)
-        self.self_attn = MultiheadAttention(config)
-        self.norm3 = make_norm(config)
-        self.ffn = FeedForwardNetwork(config)
+        self.self_attn = MultiheadAttention(config, index)
+        if config.norm_first_sandwich:
+            self.norm1_post = make_norm(config)
+        if not self.parallel or config.use_untied_layer_norm:
+            self.norm3 = make_norm(config)
+        self.ffn = SparseMoEBlock(config) if config.experts else FeedForwardNetwork(config)
+        if config.norm_first_sandwich:
+            self.norm3_post = make_norm(config)
         self.dropout = nn.Dropout(config.dropout_rate)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.dropout(self.self_attn(self.norm1(x), rope, mask))
-        return x + self.dropout(self.ffn(self.norm3(x)))
+        normed = self.norm1(x)
+        attended = self.self_attn(normed, rope, mask)
+        if self.parallel:
+            ffn_input = self.norm3(x) if hasattr(self, "norm3") else normed
+            return x + self.dropout(attended) + self.dropout(self.ffn(ffn_input))
+        if hasattr(self, "norm1_post"):
+            attended = self.norm1_post(attended)
+        x = x + self.dropout(attended)
+        out = self.ffn(self.norm3(x))
+        if hasattr(self, "norm3_post"):
+            out = self.norm3_post(out)
+        return x + self.dropout(out)
 
 
 class TransformerDecoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, index) for index in range(config.num_hidden_layers))
         self.norm = make_norm(config)
 
 
@@ -520,9 +658,36 @@ class EmbeddingLayer(nn.Module):
         return x
 
 
+# std of a unit normal cut at two standard deviations, to undo for variance_scaling's truncated draw
+TRUNCATED_NORMAL_STD = 0.87962566103423978
+
+
+def variance_scaling_(tensor: torch.Tensor, scale: float = 1.0, mode: str = "fan_in",
+                      distribution: str = "truncated_normal") -> torch.Tensor:
+    """ModelZoo's variance_scaling (the TensorFlow initializer): variance scale / n, n the fan
+    in, fan out or their mean; drawn from a truncated normal (cut at 2 std, the std corrected so
+    the variance is kept), a normal, or a uniform distribution."""
+    fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(tensor)
+    fans = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}
+    if mode not in fans:
+        raise ValueError(f"variance_scaling mode {mode!r} is not one of {list(fans)}")
+    variance = scale / max(1.0, fans[mode])
+    if distribution == "truncated_normal":
+        std = math.sqrt(variance) / TRUNCATED_NORMAL_STD
+        return nn.init.trunc_normal_(tensor, std=std, a=-2 * std, b=2 * std)
+    if distribution in ("normal", "untruncated_normal"):
+        return nn.init.normal_(tensor, std=math.sqrt(variance))
+    if distribution == "uniform":
+        limit = math.sqrt(3 * variance)
+        return nn.init.uniform_(tensor, -limit, limit)
+    raise ValueError(f"variance_scaling distribution {distribution!r} is not one of "
+                     "['truncated_normal', 'normal', 'untruncated_normal', 'uniform']")
+
+
 INIT_FUNCTIONS = {"normal": nn.init.normal_, "truncated_normal": nn.init.trunc_normal_,
                   "uniform": nn.init.uniform_, "xavier_uniform": nn.init.xavier_uniform_,
-                  "xavier_normal": nn.init.xavier_normal_, "zeros": nn.init.zeros_, "ones": nn.init.ones_}
+                  "xavier_normal": nn.init.xavier_normal_, "zeros": nn.init.zeros_, "ones": nn.init.ones_,
+                  "variance_scaling": variance_scaling_}
 Initializer = dict[str, Any]
 
 
@@ -542,11 +707,27 @@ def scaled_initializer(spec: Initializer, factor: float) -> Initializer:
 
 
 def initializers(c: ModelConfig) -> dict[str, Initializer]:
-    """The initializer of each role (embedding, block input projections, attention output,
-    FFN output), as ModelZoo chooses them: residual-stream outputs default to std / sqrt(2L),
-    and muP scales the block initializers by the width multipliers (hidden / base)^-1/2, the
-    outputs also by (2L)^-1/2."""
+    """The initializer of each role (embedding, block input projections, FFN input, attention
+    output, FFN output, MoE router), as ModelZoo chooses them: residual-stream outputs default to
+    std / sqrt(2L), and muP scales the block initializers by the width multipliers
+    (hidden / base)^-1/2, the outputs also by (2L)^-1/2. GPTJModel has no depth scaling and
+    draws the FFN input from the output layer's initializer."""
     default = default_initializer(c.initializer_range)
+    gate = (c.moe or {}).get("gate_initializer") or default
+    if c.is_parallel:
+        output = c.output_layer_initializer or default
+        block, ffn_input, ffn_output = c.initializer or default, output, output
+        if c.mup_base_hidden_size:
+            width = (c.hidden_size / c.mup_base_hidden_size) ** -0.5
+            depth = (2 * c.num_hidden_layers) ** -0.5
+            block, ffn_input = scaled_initializer(block, width), scaled_initializer(ffn_input, width)
+            output = ffn_output = scaled_initializer(output, width * depth)
+        if c.mup_base_filter_size:
+            ffn_output = scaled_initializer(c.output_layer_initializer or default,
+                                            (c.filter_size / c.mup_base_filter_size) ** -0.5
+                                            * (2 * c.num_hidden_layers) ** -0.5)
+        return {"embedding": c.embedding_initializer or default, "block": block, "ffn_input": ffn_input,
+                "output": output, "ffn_output": ffn_output, "gate": gate}
     depth = (2 * c.num_hidden_layers) ** -0.5
     block = c.initializer or default
     output = c.output_layer_initializer or (block if c.initializer else scaled_initializer(default, depth))
@@ -558,8 +739,8 @@ def initializers(c: ModelConfig) -> dict[str, Initializer]:
         ffn_output = output
     if c.mup_base_filter_size:
         ffn_output = scaled_initializer(default, (c.filter_size / c.mup_base_filter_size) ** -0.5 * depth)
-    return {"embedding": c.embedding_initializer or default, "block": block, "output": output,
-            "ffn_output": ffn_output}
+    return {"embedding": c.embedding_initializer or default, "block": block, "ffn_input": block,
+            "output": output, "ffn_output": ffn_output, "gate": gate}
 
 
 def _initialize(param: torch.Tensor, spec: Initializer) -> None:
@@ -581,7 +762,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(built.hidden_size, built.vocab_size, bias=built.use_bias_in_output)
         if built.share_embedding_weights:
             self.lm_head.weight = self.embedding_layer.word_embeddings.weight
-        self._init_weights()
+        if not self.lm_head.weight.is_meta:  # shapes only: nothing to draw (and slow on meta)
+            self._init_weights()
 
     def _init_weights(self) -> None:
         specs = initializers(self.built)
@@ -600,6 +782,10 @@ class Transformer(nn.Module):
                 _initialize(param, specs["output"])
             elif name.endswith("ffn.1.linear_layer.weight"):
                 _initialize(param, specs["ffn_output"])
+            elif name.endswith(("ffn.0.linear_layer.weight", "ffn.0.linear_layer_for_glu.weight")):
+                _initialize(param, specs["ffn_input"])
+            elif name.endswith("ffn.gate.weight"):
+                _initialize(param, specs["gate"])
             else:
                 _initialize(param, specs["block"])
 
@@ -610,11 +796,10 @@ class Transformer(nn.Module):
         return rope_tables(c.rotary_size, length, c.rope_theta, device, scaling_type=c.pos_scaling_type,
                            factor=c.pos_scaling_factor, scaling_args=c.scaling_args)
 
-    def attention_mask(self, length: int, device: Any) -> torch.Tensor | None:
+    def attention_mask(self, length: int, device: Any, window: int | None) -> torch.Tensor | None:
         """None for plain causal attention (SDPA's fused causal path); else the visible keys
-        (sliding window), or with ALiBi its bias with -inf where a key is not visible."""
+        (sliding ``window``), or with ALiBi its bias with -inf where a key is not visible."""
         c = self.built
-        window = c.attention_sliding_window_length
         if c.position_embedding_type != "alibi":
             return None if window is None else visible_keys(length, window, c.attention_sink_tokens, device)
         bias = self.embedding_layer.position_embed_helper(length, device)
@@ -634,19 +819,52 @@ class Transformer(nn.Module):
         if c.embeddings_scale != 1.0:
             x = x * c.embeddings_scale
         x = self.drop_embd(x)
-        rope, mask = self.rope(tokens.shape[1], tokens.device), self.attention_mask(tokens.shape[1], tokens.device)
-        for layer in self.transformer_decoder.layers:
-            x = layer(x, rope, mask)
+        rope, masks = self.rope(tokens.shape[1], tokens.device), {}
+        for index, layer in enumerate(self.transformer_decoder.layers):
+            window = c.window_of_layer(index)
+            if window not in masks:
+                masks[window] = self.attention_mask(tokens.shape[1], tokens.device, window)
+            x = layer(x, rope, masks[window])
         logits = self.lm_head(self.transformer_decoder.norm(x))
         if c.logits_scale != 1.0:
             logits = logits * c.logits_scale
+        if c.final_logit_softcapping:
+            logits = c.final_logit_softcapping * torch.tanh(logits / c.final_logit_softcapping)
         if targets is None:
             return logits, None
-        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        coefficient = (c.moe or {}).get("load_balancing_loss_coef", 0.0)
+        if coefficient and c.experts and self.training:  # evaluation reports the LM loss (perplexity)
+            loss = loss + coefficient * load_balancing_loss(self.routings())
+        return logits, loss
+
+    def routings(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each MoE layer's (router probabilities, 0/1 expert choice), (B, T, experts), of the
+        last forward."""
+        return [layer.ffn.routing for layer in self.transformer_decoder.layers
+                if isinstance(layer.ffn, SparseMoEBlock) and layer.ffn.routing is not None]
 
     def num_parameters(self) -> int:
         """Unique parameters (a tied head is counted once)."""
         return sum(p.numel() for p in self.parameters())
+
+    def token_share(self, module_name: str) -> float:
+        """The share of tokens a module computes on: top_k / num_experts inside a routed expert
+        (each token visits k of them), 1 elsewhere (shared experts see every token)."""
+        match = ROUTED_EXPERT.match(module_name)
+        if match is None:
+            return 1.0
+        block = self.transformer_decoder.layers[int(match[1])].ffn
+        return block.top_k / block.num_experts if int(match[2]) < block.num_experts else 1.0
+
+    def num_active_parameters(self) -> int:
+        """Parameters one token uses: all but the routed experts it is not sent to."""
+        unused = 0
+        for layer in self.transformer_decoder.layers:
+            if isinstance(layer.ffn, SparseMoEBlock):
+                expert = sum(p.numel() for p in layer.ffn.experts.experts[0].parameters())
+                unused += (layer.ffn.num_experts - layer.ffn.top_k) * expert
+        return self.num_parameters() - unused
 
 
 def preset_config(name: str, **overrides: Any) -> ModelConfig:

@@ -27,17 +27,19 @@ from workers.model import ModelConfig
 from csx_config import JobSpec
 
 
-def _attention_context(config: ModelConfig, seq_len: int) -> int:
-    """Keys each query scores: the sequence, or the sliding window and its sink tokens."""
+def _attention_context(config: ModelConfig, seq_len: int, layer: int = 1) -> int:
+    """Keys each query of ``layer`` scores: the sequence, or the sliding window and its sink
+    tokens (on every layer, or on the odd ones with sliding_window_every_other_decoder_layer)."""
     from simulator.cost_model import attended_keys
 
-    return attended_keys(seq_len, config.attention_sliding_window_length, config.attention_sink_tokens)
+    return attended_keys(seq_len, config.window_of_layer(layer), config.attention_sink_tokens)
 
 
 def _attention_flops_per_token(config: ModelConfig, seq_len: int) -> int:
     """QKᵀ and AV, forward, counting the full (unmasked) T×T score matrix, as in Kaplan et al.
     (a sliding window bounds T), over all query heads (inner_dim)."""
-    return 2 * 2 * config.num_hidden_layers * _attention_context(config, seq_len) * config.inner_dim
+    return sum(2 * 2 * _attention_context(config, seq_len, layer) * config.inner_dim
+               for layer in range(config.num_hidden_layers))
 
 
 def _groups(alg: Any) -> list[dict[str, Any]]:
@@ -85,7 +87,7 @@ def _projection(model: nn.Module, densities: dict[str, float], seq_len: int, tok
             layers.append(LayerShape(f"{name}.weight", module.out_features, module.in_features,
                                      density=densities.get(f"{name}.weight", 1.0)))
         elif "attention" in type(module).__name__.lower():
-            context = _attention_context(model.built, seq_len)
+            context = _attention_context(model.built, seq_len, int(name.split(".")[2]))
             width = module.proj_q_dense_layer.out_features  # all query heads
             layers.append(LayerShape(f"{name}.scores", 2 * context, width, streams_weights=False))
     step = project_step(layers, tokens, WaferScaleCluster(num_csx=num_csx))
@@ -140,6 +142,7 @@ def validate_plan(spec: JobSpec, num_csx: int) -> dict[str, Any]:
         "seq_len": seq_len, "tokens_per_step": tokens,
         "not_applied": spec.not_applied(),
         "model": {**asdict(built), "parameters": parameters, "kv_heads": built.kv_heads,
+                  "active_parameters": model.num_active_parameters(),
                   "sparse_wide_sparsity": config.sparse_wide_sparsity},
         "algorithm": repr(alg) if alg is not None else None,
         "groups": _groups(alg) if alg is not None else [],
@@ -164,21 +167,22 @@ def _start_step(alg: Any) -> int:
 
 def _at_targets(model: nn.Module, targets: dict[str, float], seq_len: int, tokens: int,
                 num_csx: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """FLOPs and the projected step at these per-parameter sparsities, and the layer rows."""
+    """FLOPs and the projected step at these per-parameter sparsities, and the layer rows. A
+    routed expert counts for the tokens routed to it (top_k of num_experts)."""
     built = model.built
-    layers, dense_linear, sparse_linear = [], 0, 0
+    layers, dense_linear, sparse_linear = [], 0.0, 0.0
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue  # embeddings are lookups, not matmuls (a tied lm_head is a Linear here)
-        weight, label = module.weight, f"{name}.weight"
+        weight, label, share = module.weight, f"{name}.weight", model.token_share(name)
         nnz = weight.numel() - round(targets.get(label, 0.0) * weight.numel())
-        dense_linear += weight.numel()
-        sparse_linear += nnz
+        dense_linear += share * weight.numel()
+        sparse_linear += share * nnz
         layers.append({"name": label + (" (tied)" if name == "lm_head" and built.share_embedding_weights else ""),
                        "shape": list(weight.shape), "sparse": label in targets,
                        "sparsity": 1.0 - nnz / weight.numel(), "nnz": nnz, "numel": weight.numel()})
     attention = _attention_flops_per_token(built, seq_len)
-    dense_forward, sparse_forward = 2 * dense_linear + attention, 2 * sparse_linear + attention
+    dense_forward, sparse_forward = round(2 * dense_linear) + attention, round(2 * sparse_linear) + attention
     densities = {name: 1.0 - level for name, level in targets.items()}
     sparse = [layer for layer in layers if layer["sparse"]]
     return {
@@ -220,7 +224,12 @@ def _model_line(model: dict[str, Any]) -> str:
     extras = [f"sliding window {window}"] if window else []
     extras += ["muP"] if model["mup_base_hidden_size"] or model["output_logits_scale"] else []
     extras += [f"Sparse-Wide s={model['sparse_wide_sparsity']}"] if model["sparse_wide_sparsity"] else []
-    return (f"model: {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, filter "
+    moe = model["moe"] or {}
+    if moe.get("num_experts", 1) > 1:
+        extras += [f"{moe['num_experts']} experts, top {moe.get('top_k', 1)}"
+                   + (f" + {moe['num_shared_experts']} shared" if moe.get("num_shared_experts") else "")
+                   + f": {model['active_parameters']:,} active"]
+    return (f"model: {model['model_class']}, {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, filter "
             f"{model['filter_size']}, {heads}, vocab {model['vocab_size']}, {positions} positions, "
             f"{model['norm_type']}, {model['nonlinearity']}, {model['parameters']:,} parameters"
             + (f" ({', '.join(extras)})" if extras else ""))

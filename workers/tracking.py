@@ -62,6 +62,8 @@ _SHORT_NAME_RULES = (
     (re.compile(r"\.weight$"), ""),
     (re.compile(r"^transformer_decoder\.layers\.(\d+)\."), lambda m: f"L{int(m[1]):02d}."),
     (re.compile(r"self_attn\.proj_(\w+?)_dense_layer"), r"attn.\1"),
+    (re.compile(r"ffn\.experts\.experts\.(\d+)\.ffn\.(\d+)\.linear_layer_for_glu"), r"expert\1.ffn\2.glu"),
+    (re.compile(r"ffn\.experts\.experts\.(\d+)\.ffn\.(\d+)\.linear_layer"), r"expert\1.ffn\2"),
     (re.compile(r"ffn\.ffn\.(\d+)\.linear_layer_for_glu"), r"ffn\1.glu"),
     (re.compile(r"ffn\.ffn\.(\d+)\.linear_layer"), r"ffn\1"),
 )

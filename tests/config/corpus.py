@@ -23,15 +23,17 @@ def check_outcomes(outcomes: dict[Path, str | None], how: str) -> None:
     table: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     for path, refusal in outcomes.items():
         table[family_layout(path)][refusal is not None] += 1
-    print(f"\nModelZoo corpus through {how}: family / layout: validated / refused")
+    print(f"\nModelZoo corpus through {how}:\n  {'family':10s} {'layout':10s} files validated refused")
     for (family, layout), (ok, refused) in sorted(table.items()):
-        print(f"  {family:8s} {layout:10s} {ok:4d} / {refused:d}")
+        print(f"  {family:10s} {layout:10s} {ok + refused:5d} {ok:9d} {refused:7d}")
     validated = sum(refusal is None for refusal in outcomes.values())
     print(f"  total {validated} / {len(outcomes)} validated")
-    assert len(outcomes) == len(FILES) >= 300
+    assert len(outcomes) == len(FILES) >= 500
+    assert {family for family, _ in table} == set(EXPECTED["families"])
     assert validated / len(outcomes) >= EXPECTED["min_validated_share"]
     for path, refusal in outcomes.items():
         if refusal is None:
             continue
         problems = [line for line in refusal.splitlines() if line.startswith("  - ")]
         assert problems and all(EXPECTED["refusal_must_say"] in line for line in problems), (path, refusal)
+        assert "did you mean" not in refusal, (path, refusal)  # a published key is never a misspelling

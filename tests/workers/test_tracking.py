@@ -410,7 +410,7 @@ def test_a_retry_charts_the_layers_under_the_same_names(tracking_uri):
 
 PARTS = st.sampled_from(["transformer_decoder", "layers", "0", "3", "03", "L03", "self_attn",
                          "proj_q_dense_layer", "attn", "q", "ffn", "ffn0", "linear_layer",
-                         "linear_layer_for_glu", "glu", "weight"])
+                         "linear_layer_for_glu", "glu", "weight", "experts", "expert0", "2"])
 
 
 @given(st.sets(st.lists(PARTS, min_size=1, max_size=6).map(".".join), max_size=12))

@@ -154,7 +154,7 @@ def test_alibi_bias_is_translation_invariant_and_used():
     assert torch.allclose(bias[:, 3:, 3:], bias[:, :7, :7])  # depends on i - j only
     assert torch.allclose(bias[:, 5, 2], -3 * torch.tensor(alibi_slopes(4)))
     attn, x = model.transformer_decoder.layers[0].self_attn, torch.randn(1, 10, config.hidden_size)
-    mask = model.attention_mask(10, None)
+    mask = model.attention_mask(10, None, None)
     with torch.no_grad():
         assert torch.allclose(attn(x, None, mask), reference_attention(attn, x, band(10, 10), bias), atol=1e-5)
     ids = tokens()

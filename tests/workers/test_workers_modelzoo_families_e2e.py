@@ -1,4 +1,4 @@
-"""Issue 21, done when: every decoder family of the ModelZoo corpus trains a scaled-down proxy
+"""Issues 21 and 33, done when: every decoder family of the ModelZoo corpus trains a scaled-down proxy
 (its published file unchanged, shrunk with --set, on tiny HDF5 data) on 2 simulated systems
 for 20 steps, with the sparsity held at the file's target in MLflow. The architecture keys
 that make each family what it is (GQA, RoPE scaling, sliding window, ALiBi, muP) stay as
@@ -8,9 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow import MlflowClient
 
+from csx_config import JobSpec
 from workers import cli
+from workers.checkpoint import checkpoint_path, load_checkpoint
+from workers.job import build_sparse_model
+from workers.model import ModelConfig
 from workers_helpers import preprocess_texts
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
@@ -19,6 +24,10 @@ TEXT = "".join(f"{i}: to be, or not to be, that is the question.\n" for i in ran
 SEQ = 16
 ROTARY = {"model.rotary_dim": 8}  # the proxy's head size (32 / 4 heads)
 GQA = {"model.extra_attention_params.num_kv_groups": 2}  # 4 query heads share 2 key/value heads
+# StarCoder (its scale_qk_dot_by_layer_idx: False changes nothing: a GPT-2 with multi-query
+# attention), MPT (ALiBi as BTLM, a LayerNorm without bias) and GPT-J / NeoX (Falcon's parallel
+# block, with untied norms in NeoX) add no block of their own here; their keys are tested in
+# test_workers_model_families.py, which keeps this file's time down.
 # family -> (corpus file, what shrinking that family's features needs besides the sizes,
 #            MLflow params showing the family's feature keys reached the run)
 FAMILIES = {
@@ -35,6 +44,14 @@ FAMILIES = {
                                {"model.attention_sliding_window_length": str(SEQ // 2)}),
     "btlm-alibi-mup": ("btlm/trainer/r2.5.0_params_btlm_2p7b_8k.yaml", {},
                        {"model.position_embedding_type": "alibi", "model.mup_base_hidden_size": "256.0"}),
+    "falcon-parallel-mqa": ("falcon/trainer/r2.5.0_params_falcon_7b.yaml", ROTARY,
+                            {"model.name": "falcon", "model.extra_attention_params.num_kv_groups": "1"}),
+    "gemma2-softcap-sandwich-alternating-window": (
+        "gemma2/trainer/r2.5.0_params_gemma2_9b_msl8k.yaml",
+        {**ROTARY, **GQA, "model.attention_inner_dim": 32, "model.num_hidden_layers": 2,
+         "model.attention_sliding_window_length": SEQ // 2},
+        {"model.final_logit_softcapping": "30.0", "model.norm_first_sandwich": "True",
+         "model.sliding_window_every_other_decoder_layer": "True"}),
 }
 
 
@@ -82,3 +99,33 @@ def test_every_family_trains_a_proxy_on_2_systems_with_sparsity_at_target(family
     assert all(m.value == pytest.approx(target, abs=0.01) for m in history), [m.value for m in history]
     losses = client.get_metric_history(run.info.run_id, "train/loss")
     assert [m.step for m in losses] == [10, 20] and all(m.value > 0 for m in losses)
+
+
+def test_mixtral_proxy_trains_rigl_inside_each_expert_with_per_expert_sparsity(hdf5_data, tmp_path, tracking_uri,
+                                                                                 monkeypatch, capsys):
+    """ModelZoo's MoE 111M file (RigL on '*linear_layer.weight', ScalePerParamLR) on 2 systems:
+    every expert matrix has its own mask at the target, RigL moves weights within each expert
+    (same count, other positions), and the router stays dense."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    run_dir = tmp_path / "run"
+    args = ["run", "--params", str(CORPUS / "mixtral/trainer/r2.5.0_params_moe_111M_base.yaml"), "--num_csx", "2",
+            "--model_dir", str(run_dir), *_proxy(hdf5_data, {"model.moe.num_experts": 4, "model.moe.top_k": 2,
+                                                             "sparsity.update.freq": 5})]
+    assert cli.main(args) == 0, capsys.readouterr().err
+    summary = json.loads(capsys.readouterr().out)
+    run = MlflowClient(tracking_uri=tracking_uri).get_run(summary["run_id"])
+    target = float(run.data.params["target_sparsity"])
+    experts = {key: value for key, value in run.data.metrics.items() if key.startswith("weights/sparsity/L00.expert")}
+    assert sorted(experts) == [f"weights/sparsity/L00.expert{e}.ffn{i}" for e in range(4) for i in (0, 1)]
+    assert all(value == pytest.approx(target, abs=0.01) for value in experts.values()), experts
+
+    final = load_checkpoint(checkpoint_path(run_dir, 20))
+    spec = JobSpec.model_validate(final["spec"])
+    start, _ = build_sparse_model(spec, ModelConfig(**final["model_config"]))
+    initial = dict(start.named_buffers())
+    masks = {name: mask for name, mask in final["model"].items() if name.endswith("_mask")}
+    assert not any("gate" in name for name in masks)
+    for expert in range(4):
+        name = f"transformer_decoder.layers.0.ffn.experts.experts.{expert}.ffn.0.linear_layer.weight_mask"
+        assert int(masks[name].sum()) == int(initial[name].sum())  # RigL keeps each expert's count...
+        assert not torch.equal(masks[name], initial[name])  # ...and grows inside that expert

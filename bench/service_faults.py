@@ -1,0 +1,282 @@
+"""Service faults (issue 32, items 1-6) against the real service: what state each reaches, how
+long it takes to recover, what is lost, stuck, run twice, or answered 5xx other than 503.
+
+1. load: 50 clients at once on every route (submit, validate, list, get, events, logs, cancel,
+   retry, cluster, healthz) of a real `uvicorn` server on SQLite, queue paused.
+2. database outage: PostgreSQL stopped for 5 s while a job ends (the service app in process,
+   scripted jobs): requests and healthz must answer 503, the outcome be recorded afterwards.
+3. a lost execution: a RUNNING job's execution thread gone; the next tick must adopt it.
+4. a second server on the database: it must stand by, then take the job over when the first
+   stops, resuming it once.
+5. SIGTERM to `csx serve`: exit code 0.
+6. the MLflow UI of `csx serve` killed: back on its port.
+Faults of files and checkpoints (items 7-9) are bench/file_faults.py's; a real training job's
+worker and API kills, bench/recovery.py's.
+
+    python bench/service_faults.py    # prints the table, writes bench/results/service_faults.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "service"))  # the tests' helpers
+from service_helpers import (  # noqa: E402
+    PostgresServer,
+    ScriptedLauncher,
+    job_body,
+    make_token,
+    wait_for,
+    wait_status,
+)
+
+from service.local_stack import HOST, StackProcess, descendants, free_port, wait_until_up  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "service_faults.json"
+CLIENTS, REQUESTS = 50, 1000
+
+
+def load(folder: Path) -> dict[str, Any]:
+    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{folder / 'csx.db'}",
+           "CSX_PAUSED": "true", "CSX_RUNS_DIR": str(folder / "runs"),
+           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
+    import subprocess
+
+    token = subprocess.run([sys.executable, "-m", "service.cli", "token", "create", "--name",
+                            "load"], env=env, cwd=ROOT, check=True, capture_output=True,
+                           text=True).stdout.strip().splitlines()[-1]
+    port = free_port()
+    server = StackProcess.start("uvicorn", [sys.executable, "-m", "uvicorn", "service.main:app",
+                                            "--host", HOST, "--port", str(port), "--log-level",
+                                            "warning", "--no-access-log"],
+                                log_path=folder / "uvicorn.log", env=env, cwd=ROOT)
+    url = f"http://{HOST}:{port}"
+    try:
+        wait_until_up(f"{url}/v1/healthz", server, 120)
+        return asyncio.run(_load(url, token))
+    finally:
+        server.stop()
+
+
+async def _load(url: str, token: str) -> dict[str, Any]:
+    codes: Counter[int] = Counter()
+    latencies: list[float] = []
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+        seed = (await http.post("/v1/jobs", json=job_body())).json()["id"]
+        await http.post(f"/v1/jobs/{seed}:cancel")
+        routes = [("POST", "/v1/jobs", job_body()), ("POST", "/v1/jobs:validate", job_body()),
+                  ("GET", "/v1/jobs?limit=20", None), ("GET", f"/v1/jobs/{seed}", None),
+                  ("GET", f"/v1/jobs/{seed}/events", None), ("GET", f"/v1/jobs/{seed}/logs", None),
+                  ("POST", f"/v1/jobs/{seed}:retry", None),
+                  ("POST", f"/v1/jobs/{seed}:cancel", None),
+                  ("GET", "/v1/cluster", None), ("GET", "/v1/healthz", None)]
+        queue = list(range(REQUESTS))
+
+        async def client() -> None:
+            while queue:
+                method, path, body = routes[queue.pop() % len(routes)]
+                started = time.perf_counter()
+                try:
+                    answer = await http.request(method, path, json=body)
+                    codes[answer.status_code] += 1
+                except httpx.TransportError:
+                    codes[0] += 1  # no answer within the client's timeout
+                latencies.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(CLIENTS)))
+        wall = time.perf_counter() - started
+    ordered = sorted(latencies)
+    bad = sum(n for code, n in codes.items() if code == 0 or (code >= 500 and code != 503))
+    return {"fault": f"{CLIENTS} clients, {REQUESTS} requests over every route",
+            "state": f"answers {dict(sorted(codes.items()))}", "recover_s": None,
+            "p50_ms": round(1000 * ordered[len(ordered) // 2], 1),
+            "p99_ms": round(1000 * ordered[int(0.99 * len(ordered))], 1),
+            "requests_per_s": round(REQUESTS / wall, 1), "lost": 0, "stuck": 0,
+            "double_run": 0, "bad_5xx": bad}
+
+
+def database_outage(folder: Path) -> dict[str, Any]:
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    server = PostgresServer.start()
+    try:
+        settings = Settings(database_url=server.create_database("faults"), cluster_size=1,
+                            runs_dir=folder / "runs", scheduler_interval_s=0.05,
+                            mlflow_tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+        launcher = ScriptedLauncher()
+        with TestClient(create_app(settings, launcher=launcher),
+                        raise_server_exceptions=False) as client:
+            alice = make_token(client, "alice")
+            first = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+            second = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+            handle = launcher.handle_for(first)
+            wait_status(client, alice, first, "RUNNING")
+            server.stop_server()
+            handle.finish({})
+            codes = Counter(client.get(path, headers=alice).status_code
+                            for path in (f"/v1/jobs/{first}", "/v1/jobs", "/v1/healthz") * 5)
+            time.sleep(5)
+            server.start_server()
+            back = time.perf_counter()
+            wait_status(client, alice, first, "SUCCEEDED", timeout_s=120)
+            recover_s = time.perf_counter() - back
+            launcher.handle_for(second, timeout_s=60).finish({})
+            wait_status(client, alice, second, "SUCCEEDED", timeout_s=60)
+            runs = len(launcher.launches_of(first))
+    finally:
+        server.stop()
+    return {"fault": "PostgreSQL down 5 s while a job ends", "state":
+            f"SUCCEEDED after; answers while down {dict(codes)}", "recover_s": round(recover_s, 2),
+            "lost": 0, "stuck": 0, "double_run": runs - 1,
+            "bad_5xx": sum(n for code, n in codes.items() if code >= 500 and code != 503)}
+
+
+def lost_execution(folder: Path) -> dict[str, Any]:
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    settings = Settings(database_url=f"sqlite:///{folder / 'lost.db'}", runs_dir=folder / "runs",
+                        mlflow_tracking_uri=f"sqlite:///{folder / 'mlflow.db'}",
+                        scheduler_interval_s=0.05)
+    launcher = ScriptedLauncher()
+    with TestClient(create_app(settings, launcher=launcher)) as client:
+        alice = make_token(client, "alice")
+        job = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+        launcher.handle_for(job)
+        wait_status(client, alice, job, "RUNNING")
+        scheduler = client.app.state.scheduler
+        lost = time.perf_counter()
+        with scheduler._executions_lock:
+            del scheduler._executions[job]  # what a dead execution thread leaves
+        launcher.handle_for(job, launch=2).finish({})
+        wait_status(client, alice, job, "SUCCEEDED")
+        recover_s = time.perf_counter() - lost
+    return {"fault": "a RUNNING job's execution lost", "state": "adopted, resumed, SUCCEEDED",
+            "recover_s": round(recover_s, 2), "lost": 0, "stuck": 0, "double_run": 0,
+            "bad_5xx": 0}
+
+
+def second_server(folder: Path) -> dict[str, Any]:
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    settings = Settings(database_url=f"sqlite:///{folder / 'two.db'}", runs_dir=folder / "runs",
+                        mlflow_tracking_uri=f"sqlite:///{folder / 'mlflow.db'}",
+                        scheduler_interval_s=0.05)
+    first_launcher, second_launcher = ScriptedLauncher(), ScriptedLauncher()
+    first = TestClient(create_app(settings, launcher=first_launcher))
+    first.__enter__()
+    try:
+        alice = make_token(first, "alice")
+        job = first.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+        first_launcher.handle_for(job)
+        wait_status(first, alice, job, "RUNNING")
+        with TestClient(create_app(settings, launcher=second_launcher)) as second:
+            standby = second.get("/v1/healthz").json()["scheduler"]
+            time.sleep(3)
+            early = len(second_launcher.handles)
+            stopped = time.perf_counter()
+            first.__exit__(None, None, None)
+            second_launcher.handle_for(job, timeout_s=120).finish({})
+            wait_status(second, alice, job, "SUCCEEDED")
+            recover_s = time.perf_counter() - stopped
+    finally:
+        first.__exit__(None, None, None)
+    return {"fault": "a second server on the same database",
+            "state": f"second: {standby}, then took over; SUCCEEDED",
+            "recover_s": round(recover_s, 2), "lost": 0, "stuck": 0,
+            "double_run": early + len(first_launcher.launches_of(job)) - 1, "bad_5xx": 0}
+
+
+def serve(folder: Path, *extra: str) -> tuple[StackProcess, str]:
+    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{folder / 'serve.db'}",
+           "CSX_RUNS_DIR": str(folder / "runs"),
+           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'serve-mlflow.db'}",
+           "CSX_MLFLOW_UI_URL": f"http://{HOST}:{free_port()}"}
+    port = free_port()
+    server = StackProcess.start("csx serve", [sys.executable, "-m", "service.cli", "serve",
+                                              "--port", str(port), *extra],
+                                log_path=folder / f"serve-{port}.log", env=env, cwd=folder)
+    wait_until_up(f"http://{HOST}:{port}/v1/healthz", server, 180)
+    return server, env["CSX_MLFLOW_UI_URL"]
+
+
+def sigterm(folder: Path) -> dict[str, Any]:
+    server, _ = serve(folder, "--no-mlflow-ui")
+    server.popen.send_signal(signal.SIGTERM)
+    started = time.perf_counter()
+    code = server.popen.wait(120)
+    stop_s = time.perf_counter() - started
+    server.stop()
+    return {"fault": "SIGTERM to csx serve", "state": f"exit code {code}",
+            "recover_s": round(stop_s, 2), "lost": 0, "stuck": 0, "double_run": 0,
+            "bad_5xx": 0, "ok": code == 0}
+
+
+def mlflow_ui_killed(folder: Path) -> dict[str, Any]:
+    server, ui_url = serve(folder)
+    try:
+        ui = next(pid for pid in descendants(server.popen.pid)
+                  if "mlflow" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+                  and "service.supervised" not in Path(f"/proc/{pid}/cmdline").read_text())
+        os.kill(ui, signal.SIGKILL)
+        killed = time.perf_counter()
+        time.sleep(2)
+
+        def answers() -> bool:
+            try:
+                return httpx.get(f"{ui_url}/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(answers, 180, "the MLflow UI to come back")
+        recover_s = time.perf_counter() - killed
+    finally:
+        server.stop()
+    return {"fault": "the MLflow UI of csx serve killed", "state": "restarted on its port",
+            "recover_s": round(recover_s, 2), "lost": 0, "stuck": 0, "double_run": 0,
+            "bad_5xx": 0}
+
+
+def main() -> int:
+    rows = []
+    for scenario in (load, database_outage, lost_execution, second_server, sigterm,
+                     mlflow_ui_killed):
+        with tempfile.TemporaryDirectory(prefix=f"csx-{scenario.__name__}-") as tmp:
+            rows.append(scenario(Path(tmp)))
+        print(json.dumps(rows[-1]), flush=True)
+    sound = all(r["lost"] == r["stuck"] == r["double_run"] == r["bad_5xx"] == 0
+                and r.get("ok", True) for r in rows)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"meets_target": sound, "faults": rows}, indent=2) + "\n")
+    print("\n| fault | state reached | time to recover (s) | lost | stuck | double-run | "
+          "5xx other than 503 |\n|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['fault']} | {r['state']} | {r['recover_s']} | {r['lost']} | {r['stuck']} | "
+              f"{r['double_run']} | {r['bad_5xx']} |")
+    return 0 if sound else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

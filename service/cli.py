@@ -79,7 +79,79 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("CSX_TOKEN"))
 
 
+# Set in the API process `csx serve` runs and restarts (`_supervise_api`).
+API_PROCESS_ENV = "CSX_SERVE_API_PROCESS"
+MAX_API_RESTARTS = 5
+API_RESTART_WINDOW_S = 600.0
+
+
 def serve_command(args: argparse.Namespace) -> int:
+    """`csx serve` runs the API in a child process and restarts it when it dies (losing the
+    local Ray head ends a Ray driver's process a minute later); the restarted one takes the
+    dead one's lease at once and resumes its jobs from their last checkpoints."""
+    if os.environ.get(API_PROCESS_ENV) == "1":
+        return _serve_api(args)
+    return _supervise_api(args)
+
+
+def _supervise_api(args: argparse.Namespace) -> int:
+    import subprocess
+    import time
+    from functools import partial
+
+    from service.local_stack import term_on_parent_death, check_port_free
+    from service.settings import Settings
+
+    argv = [sys.executable, "-m", "service.cli", "serve", "--host", args.host,
+            "--port", str(args.port)]
+    argv += ["--paused"] * args.paused + ["--no-mlflow-ui"] * args.no_mlflow_ui
+    settings = Settings()
+    ports = [args.port]
+    if settings.mlflow_tracking_uri.startswith("sqlite:") and not args.no_mlflow_ui:
+        from urllib.parse import urlsplit
+
+        ports += [port] if (port := urlsplit(settings.mlflow_ui_url).port) else []
+    env = {**os.environ, API_PROCESS_ENV: "1"}
+    stopping = False
+    child: subprocess.Popen[bytes] | None = None
+
+    def forward(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    deaths: list[float] = []
+    dev_token = args.dev_token
+    while True:
+        # The child gets SIGTERM if this supervisor dies, even by SIGKILL.
+        child = subprocess.Popen(argv + ["--dev-token"] * dev_token, env=env,
+                                 preexec_fn=partial(term_on_parent_death, os.getpid()))
+        dev_token = False  # the token printed at the first start stays valid across restarts
+        code = child.wait()
+        if stopping or code == 0:
+            return 0 if stopping else code
+        now = time.monotonic()
+        deaths = [t for t in deaths if now - t < API_RESTART_WINDOW_S] + [now]
+        if len(deaths) > MAX_API_RESTARTS:
+            print(f"csx serve: the API process died {len(deaths)} times in "
+                  f"{API_RESTART_WINDOW_S / 60:.0f} minutes; giving up", file=sys.stderr)
+            return code or 1
+        print(f"csx serve: the API process exited with code {code}; restarting it",
+              file=sys.stderr, flush=True)
+        deadline = time.monotonic() + 60  # its servers' watchers free their ports
+        for port in ports:
+            while time.monotonic() < deadline:
+                try:
+                    check_port_free(port)
+                    break
+                except ValueError:
+                    time.sleep(0.5)
+
+
+def _serve_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.local_stack import MLFLOW_ARTIFACTS, StackError

@@ -69,7 +69,7 @@ class StackProcess:
         """`die_with_parent`: the kernel sends the child SIGTERM when this process dies, even
         by SIGKILL (a child in a session of its own is out of reach of its parent's group)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        on_fork = partial(_term_on_parent_death, os.getpid()) if die_with_parent else None
+        on_fork = partial(term_on_parent_death, os.getpid()) if die_with_parent else None
         with log_path.open("wb") as log:
             popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      cwd=cwd, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -124,7 +124,7 @@ class StackProcess:
 _PR_SET_PDEATHSIG = 1
 
 
-def _term_on_parent_death(parent: int) -> None:
+def term_on_parent_death(parent: int) -> None:
     """Run in the forked child before exec: SIGTERM it when the forking thread exits, or now
     if `parent` already died between fork and this call (then the child was reparented)."""
     if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:

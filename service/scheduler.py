@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 import threading
 import time
 import traceback
@@ -53,6 +54,8 @@ DATABASE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeoutError)
 # How long a job thread keeps retrying one database write before it gives up on it.
 DATABASE_RETRY_S = 60.0
 SHUTDOWN = "shutdown"  # Execution.stop_reason when the service stops: leave the job resumable
+# A job's workers die with the Ray head a moment before the head's watcher notices.
+CLUSTER_LOSS_GRACE_S = 3.0
 
 
 class Handle(Protocol):
@@ -94,6 +97,18 @@ class RayLauncher:
                 address = self._head.address
             connect_ray(num_cpus=self.cluster_size, address=address)
         return start_job(spec, **kwargs)
+
+    def cluster_lost(self, wait_s: float) -> bool:
+        """Whether the local Ray head this launcher started died (its watcher exits within a
+        second of it): a job's lost workers are then the cluster's fault, not the job's."""
+        head = self._head
+        if head is None:
+            return False
+        try:
+            head.popen.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def close(self) -> None:
         with self._lock:
@@ -365,12 +380,20 @@ class Scheduler:
             joblogs.append(execution.folder, traceback.format_exc())
             execution.outcome = (S.FAILED, user_reason(err, self.settings.runs_dir, job_id),
                                  None)
+            if execution.stop_reason is None and self._cluster_lost():
+                # Not the job's failure: its Ray head died. This process exits with it (a Ray
+                # driver does), and the next start resumes the job (csx serve restarts it).
+                execution.stop_reason = SHUTDOWN
         if execution.stop_reason == SHUTDOWN:
-            joblogs.append(execution.folder, "service stopping: the job resumes from its last "
-                                             "checkpoint at the next start")
+            joblogs.append(execution.folder, "service stopping or its Ray cluster lost: the job "
+                                             "resumes from its last checkpoint at the next start")
             self._forget(execution)
             return
         self._conclude(execution)
+
+    def _cluster_lost(self) -> bool:
+        lost = getattr(self.launcher, "cluster_lost", None)
+        return lost is not None and lost(wait_s=CLUSTER_LOSS_GRACE_S)
 
     def _conclude(self, execution: Execution, retry_s: float = DATABASE_RETRY_S) -> None:
         """Record the execution's outcome and forget it; if the database will not take it,

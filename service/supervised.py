@@ -85,7 +85,8 @@ class RayHead(SupervisedChild):
     """A local Ray head on a free port; the service joins it at `address` as a driver
     (`ray.init(address=...)`, which starts no processes of its own)."""
 
-    def __init__(self, *, num_cpus: int, log_path: Path, start_timeout_s: float = 120.0) -> None:
+    def __init__(self, *, num_cpus: int, log_path: Path, start_timeout_s: float = 120.0,
+                 restart: bool = False) -> None:
         port = free_port()
         self.address = f"{HOST}:{port}"
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
@@ -94,7 +95,7 @@ class RayHead(SupervisedChild):
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
             "--port", str(port), "--num-cpus", str(num_cpus), "--include-dashboard", "false",
             "--disable-usage-stats"], log_path=log_path, env=env,
-            ready_line=RAY_STARTED.pattern, start_timeout_s=start_timeout_s)
+            ready_line=RAY_STARTED.pattern, start_timeout_s=start_timeout_s, restart=restart)
 
 
 class MlflowUI(SupervisedChild):

@@ -94,7 +94,7 @@ def test_kill_mid_training_then_resume_once(tmp_path: Path) -> None:
         assert events == ["QUEUED", "VALIDATING", "PROVISIONING", "RUNNING", "RECOVERING",
                           "RUNNING", "RECOVERING", "RUNNING", "SUCCEEDED"]
         log = _get(server, token, f"/v1/jobs/{running}/logs").text
-        assert "service stopping: the job resumes from its last checkpoint" in log
+        assert "the job resumes from its last checkpoint at the next start" in log
         restarts = log.split("resuming (service restarted)")
         assert len(restarts) == 3
         for after, interrupted_at in zip(restarts[1:], (stopped_at, killed_at)):

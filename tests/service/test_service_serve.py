@@ -121,3 +121,53 @@ def test_serve_stops_on_sigterm_with_exit_code_0(tmp_path: Path) -> None:
         assert server.popen.wait(60) == 0, server.log_tail()
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(900)
+def test_serve_survives_losing_its_ray_head_and_resumes_the_job(tmp_path: Path) -> None:
+    """Today's csx serve died a minute after its Ray head did (the driver loses the GCS and
+    exits), and its job resumed only after a manual restart. Now csx serve restarts its API
+    process, which starts a new head and resumes the job from its last checkpoint."""
+    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}",
+           "CSX_RUNS_DIR": str(tmp_path / "runs"), "CSX_CLUSTER_SIZE": "1",
+           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "RAY_gcs_rpc_server_reconnect_timeout_s": "5"}  # Ray's 60 s, shortened for the test
+    env.pop("RAY_ADDRESS", None)
+    port = free_port()
+    server = StackProcess.start(
+        "csx serve", [sys.executable, "-m", "service.cli", "serve", "--dev-token",
+                      "--no-mlflow-ui", "--host", "127.0.0.1", "--port", str(port)],
+        log_path=tmp_path / "serve.log", env=env, cwd=tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(f"{url}/v1/healthz", server, 120)
+        token = wait_for_line(DEV_TOKEN_LINE, server, 30).group(1)
+        http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                            timeout=30)
+        params = {**TINY, "runconfig": {**TINY.get("runconfig", {}), "max_steps": 100,
+                                        "checkpoint_steps": 20, "log_steps": 5,
+                                        "max_failures": 0}}
+        job_id = http.post("/v1/jobs", json={"params": params}).json()["id"]
+
+        def job() -> dict | None:
+            try:
+                return http.get(f"/v1/jobs/{job_id}").json()
+            except httpx.TransportError:
+                return None  # the API process is being restarted
+
+        wait_for(lambda: ((job() or {}).get("progress") or {}).get("step", 0) > 25, 600,
+                 "training past a checkpoint")
+        gcs = [pid for pid in descendants(server.popen.pid) if _state(pid) and
+               _state(pid)[0] in ("gcs_server", "raylet")]
+        assert len(gcs) == 2, gcs
+        for pid in gcs:
+            os.kill(pid, signal.SIGKILL)
+        done = wait_for(lambda: (j := job()) and j["status"] in ("SUCCEEDED", "FAILED") and j,
+                        600, "the job to finish after the head was lost")
+        assert done["status"] == "SUCCEEDED", (done["status_message"], server.log_tail())
+        assert "restarting it" in server.log_tail(400)
+        events = [e["to_status"] for e in http.get(f"/v1/jobs/{job_id}/events").json()["data"]]
+        assert "RECOVERING" in events and "FAILED" not in events, events
+    finally:
+        server.stop()

@@ -274,7 +274,7 @@ class ModelSpec(_Section):
         if not isinstance(data, dict):
             return handler(data)
         name = "dpo" if "dpo" in data else data.get("name")  # 2.x DPO files give model.dpo, no name
-        if name is not None and name not in MODEL_CLASSES:
+        if name is not None and (not isinstance(name, str) or name not in MODEL_CLASSES):
             what = MODELS_NOT_BUILT.get(name) if isinstance(name, str) else None
             message = (f"model.name: ModelZoo's {name} model, {what}, is not supported here" if what else
                        f"model.name {name!r} is not a ModelZoo decoder LM; one of {sorted(MODEL_CLASSES)}")

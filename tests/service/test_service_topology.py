@@ -297,10 +297,13 @@ def test_study_through_the_compose_topology(topology: Topology,
 
     # MLflow, through its REST API: the parent run and one nested run per variant.
     # csx.status tags are applied by the server's tagging thread, moments after the move.
-    experiment_id, runs = wait_for(
-        lambda: (found := mlflow_runs(topology.mlflow_url)) if all(
-            run["tags"].get("csx.status") == "SUCCEEDED" for run in found[1]
-            if run["id"] != row.mlflow_run_id) else None, 60, "csx.status tags on every run")
+    def tagged() -> tuple[str, list[dict]] | None:
+        found = mlflow_runs(topology.mlflow_url)
+        variants = [run for run in found[1] if run["id"] != row.mlflow_run_id]
+        return found if all(run["tags"].get("csx.status") == "SUCCEEDED"
+                            for run in variants) else None
+
+    experiment_id, runs = wait_for(tagged, 60, "csx.status tags on every run")
     assert row.mlflow_experiment_id == experiment_id
     assert all(j.mlflow_experiment_id == experiment_id for j in jobs)
     by_id = {run["id"]: run for run in runs}

@@ -108,12 +108,28 @@ def serve_command(args: argparse.Namespace) -> int:
               flush=True)
         settings = settings.model_copy(update={"mlflow_tracking_uri": ui.url,
                                                "mlflow_ui_url": ui.url})
+    print(found_cluster(settings), flush=True)
     try:
         uvicorn.run(create_app(settings), host=args.host, port=args.port)
     finally:
         if ui is not None:
             ui.close()
     return 0
+
+
+def found_cluster(settings: Any) -> str:
+    """What the service will run jobs on: the cluster in RAY_ADDRESS (joined now, as a
+    driver), else the local Ray head it starts with the first job."""
+    from service.cluster import describe, live_summary, machine_summary
+
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:
+        return describe(machine_summary(settings.cluster_size),
+                        "local Ray head, started with the first job")
+    from workers.runner import connect_ray
+
+    connect_ray(systems=1, address=address)
+    return describe(live_summary(), f"Ray cluster at {address}")
 
 
 def token_create_command(args: argparse.Namespace) -> int:

@@ -52,27 +52,35 @@ class RayLauncher:
     this launcher starts as a supervised child on the first launch (service/supervised.py says
     why not ray.init in a thread) and stops on `close()`."""
 
-    def __init__(self, cluster_size: int, runs_dir: Path) -> None:
-        self.cluster_size = cluster_size
-        self.runs_dir = runs_dir
+    def __init__(self, settings: Settings) -> None:
+        from service.cluster import LiveCluster, machine_summary
+
+        self.cluster_size = settings.cluster_size
+        self.runs_dir = settings.runs_dir
         self._head: Any = None
         self._lock = threading.Lock()
+        # Capacity: what the local head will declare until a job connects, then the live
+        # cluster's csx resource (service/cluster.py).
+        self.cluster = LiveCluster(lambda: machine_summary(self.cluster_size))
+        settings.read_cluster_from(self.cluster.summary)
 
     def __call__(self, spec: Any, **kwargs: Any) -> Handle:
         import ray
 
+        from service.cluster import machine_summary
         from workers.runner import connect_ray, start_job
 
+        systems = machine_summary(self.cluster_size).systems
         with self._lock:
             address = os.environ.get("RAY_ADDRESS")
             if not address and not ray.is_initialized():
                 if self._head is None:
                     from service.supervised import RayHead
 
-                    self._head = RayHead(num_cpus=self.cluster_size,
+                    self._head = RayHead(systems=systems,
                                          log_path=self.runs_dir / "ray" / "head.log")
                 address = self._head.address
-            connect_ray(num_cpus=self.cluster_size, address=address)
+            connect_ray(systems=systems, address=address)
         return start_job(spec, **kwargs)
 
     def close(self) -> None:
@@ -114,7 +122,7 @@ class Scheduler:
                  launcher: Launcher | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
-        self.launcher = launcher or RayLauncher(settings.cluster_size, settings.runs_dir)
+        self.launcher = launcher or RayLauncher(settings)
         self._executions: dict[int, Execution] = {}
         self._executions_lock = threading.Lock()
         self._wake = threading.Event()
@@ -201,7 +209,7 @@ class Scheduler:
                 execution.stop("timeout")
 
     def _start_queued(self, session: Session) -> None:
-        free = sorted(set(range(self.settings.cluster_size)) - set(crud.held_systems(session)))
+        free = sorted(set(range(self.settings.systems)) - set(crud.held_systems(session)))
         # Strict priority + FIFO: the head waits for its systems; nobody overtakes it. Only the
         # head is read, so a tick costs one indexed row however long the queue is.
         while (job := crud.queue_head(session)) is not None and job.num_csx <= len(free):

@@ -67,7 +67,8 @@ def ray_cluster() -> Iterator[str]:
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: socket paths are limited
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-         "--include-dashboard=false", "--num-cpus=2", f"--temp-dir={temp_dir}",
+         "--include-dashboard=false", "--num-cpus=2", '--resources={"csx": 2}',
+         f"--temp-dir={temp_dir}",
          f"--ray-client-server-port={free_port()}",
          f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats"],
         env={**os.environ, "RAY_AUTH_MODE": "disabled"}, start_new_session=True,

@@ -65,7 +65,7 @@ def test_plan_counts_and_unmatched_group():
         validate_plan(nothing, num_csx=1)
 
 
-def test_run_then_finalize_round_trip(tmp_path, capsys):
+def test_run_then_finalize_round_trip(tmp_path, capsys, ray_session):
     params = tmp_path / "job.yaml"
     params.write_text(RUN_SPEC)
     model_dir = tmp_path / "run"

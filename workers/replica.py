@@ -62,6 +62,7 @@ class CsxWorker:
         """Where this worker runs: process id, node address, torch threads, device and the GPU
         ids Ray assigned it."""
         return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(),
+                "node_id": ray.get_runtime_context().get_node_id(),
                 "threads": torch.get_num_threads(), "device": self.device,
                 "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
 

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test bench results
+.PHONY: install run test bench results gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,3 +33,8 @@ test: install
 
 bench: install
 	$(PY) bench/run_all.py
+
+# The GPU tests, GPU-vs-CPU masks of a seeded run, masked-vs-dense step and tokens/s on the GPU
+# (torch and this repo only; under 5 minutes on one GPU). Without CUDA it says so and skips.
+gpu-check: install
+	$(PY) bench/gpu_check.py --json bench/results/gpu_check.json

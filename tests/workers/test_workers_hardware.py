@@ -136,3 +136,46 @@ def test_the_service_reads_the_planned_cluster_until_connected_then_the_live_one
     state["connected"] = True
     assert cluster.summary() is live and cluster.summary() is live
     assert state["reads"] == 1  # cached between refreshes
+
+
+def test_csx_serve_says_what_cluster_it_found_without_a_ray_address(monkeypatch):
+    from service.cli import found_cluster
+    from service.settings import Settings
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    line = found_cluster(Settings(cluster_size=3))
+    assert line.startswith("cluster (local Ray head, started with the first job): 3 CS-2 systems")
+    assert "CPUs" in line and "GPUs" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
+def test_training_on_cuda_without_a_cuda_device_is_refused(tmp_path):
+    from csx_config import JobSpec
+    from workers.train import train
+
+    with pytest.raises(ValueError, match="device 'cuda': torch sees no CUDA device"):
+        train(JobSpec.from_yaml("model: {preset: tiny}"), model_dir=str(tmp_path), device="cuda")
+
+
+def test_the_loop_autocasts_and_scales_the_loss_as_its_precision_says(tmp_path, monkeypatch):
+    """The CUDA precision path, run on CPU (bf16 autocast and a GradScaler both exist there):
+    the scaler's state is checkpointed and a resume picks it up."""
+    from csx_config import JobSpec
+    from workers import train as loop
+    from workers.checkpoint import checkpoint_path, load_checkpoint
+    from workers.precision import Precision
+
+    scaled = Precision(torch.bfloat16, "dynamic", 256.0, 3, applied="bf16 + scaler (test)")
+    monkeypatch.setattr(loop, "resolve_precision", lambda *_: scaled)
+    text = ("train_input: {batch_size: 4, max_sequence_length: 16}\nmodel: {preset: tiny}\n"
+            "sparsity: {algorithm: rigl, sparsity: 0.5, update: {freq: 2}}\n"
+            "runconfig: {max_steps: 4, checkpoint_steps: 2, log_steps: 2, sparse_kernel: dense}\n")
+    first = loop.train(JobSpec.from_yaml(text), model_dir=str(tmp_path))
+    assert first["precision"] == "bf16 + scaler (test)"
+    assert [step for step, _ in first["mask_hashes"]] == [0, 2, 4]  # no step skipped
+    scale = load_checkpoint(checkpoint_path(tmp_path, 4))["grad_scaler"]["scale"]
+    assert scale == 512.0  # grew once: 3 finite steps of growth_interval 3
+    resumed = loop.train(JobSpec.from_yaml(text.replace("max_steps: 4", "max_steps: 6")),
+                         model_dir=str(tmp_path))
+    assert [step for step, _ in resumed["train_losses"]] == [5, 6]
+    assert load_checkpoint(checkpoint_path(tmp_path, 6))["grad_scaler"]["scale"] == 1024.0

@@ -317,8 +317,8 @@ class RunConfigSpec(_Section):
     # calibrated by timing in each process: CSR and dense round differently, so bit-identical
     # results across processes (resume, replicas) need a fixed "csr" or "dense".
     sparse_kernel: Literal["auto", "csr", "dense"] = "auto"
-    # Hardware of each simulated system, requested from Ray per worker. None: what the cluster
-    # has free, shared by the job's systems (CPUs), and one GPU each where there are enough.
+    # Hardware of each simulated system, requested from Ray per worker. None: the cluster's
+    # CPUs shared by the job's systems, and one GPU each where there are enough.
     # The worker's torch intra-op threads (CSR kernels included) equal its CPUs.
     cpus_per_csx: PositiveInt | None = None
     gpus_per_csx: NonNegativeInt | None = None  # 0: train on CPUs even where GPUs exist

@@ -3,8 +3,8 @@ each system of a job gets.
 
 Every Ray node declares its systems as the custom resource ``csx`` (``ray start --resources
 '{"csx": K}'``); a job of ``num_csx`` systems asks Ray for one ``csx`` per worker plus the CPUs
-and GPUs of ``runconfig.cpus_per_csx`` / ``gpus_per_csx``. Unset, a system gets the free CPUs
-shared by the job's systems and one GPU where the cluster has one per system. On a machine with
+and GPUs of ``runconfig.cpus_per_csx`` / ``gpus_per_csx``. Unset, a system gets the cluster's
+CPUs shared by the job's systems and one GPU where the cluster has one per system. On a machine with
 no cluster, the local runtime declares one system per GPU, else one per core.
 
 Pure functions over Ray's node records (``ray.nodes()``) and resource totals, importing neither
@@ -107,15 +107,16 @@ def systems_that_fit(nodes: list[Node], cpus: int, gpus: int) -> int:
     return total
 
 
-def per_system_hardware(nodes: list[Node], num_csx: int, *, available_cpus: float,
-                        available_gpus: float, cpus_per_csx: int | None = None,
+def per_system_hardware(nodes: list[Node], num_csx: int, *, cpus_per_csx: int | None = None,
                         gpus_per_csx: int | None = None,
                         placement: Placement = "PACK") -> SystemHardware:
     """Each system's CPUs and GPUs for a job of `num_csx` systems, or ValueError naming the
     key when the cluster could never hold them (rather than a job waiting forever on Ray).
 
-    Defaults: the free CPUs split evenly over the job's systems, cut down until the nodes can
-    place them; one GPU per system where `num_csx` GPUs are free and placeable, else none.
+    Defaults, from the cluster's totals (not what is free at this instant, so a job gets the
+    same threads, hence the same float results, on every run and every restart): the CPUs of
+    the nodes that hold systems split evenly over the job's systems, cut down until the nodes
+    can place them; one GPU per system where the nodes can place one per system, else none.
     """
     summary = summarise(nodes)
     if summary.systems < num_csx:
@@ -123,10 +124,10 @@ def per_system_hardware(nodes: list[Node], num_csx: int, *, available_cpus: floa
                          f"declares {summary.systems} (resource {CSX_RESOURCE!r}: start nodes "
                          f"with ray start --resources '{{\"{CSX_RESOURCE}\": K}}')")
     if gpus_per_csx is None:
-        gpus_per_csx = 1 if available_gpus >= num_csx and systems_that_fit(
-            nodes, cpus_per_csx or 1, 1) >= num_csx else 0
+        gpus_per_csx = 1 if systems_that_fit(nodes, cpus_per_csx or 1, 1) >= num_csx else 0
     if cpus_per_csx is None:
-        cpus_per_csx = max(1, math.floor(available_cpus / num_csx + 1e-9))
+        host_cpus = sum(node.cpus for node in nodes if node.systems > 0)
+        cpus_per_csx = max(1, math.floor(host_cpus / num_csx + 1e-9))
         while cpus_per_csx > 1 and systems_that_fit(nodes, cpus_per_csx, gpus_per_csx) < num_csx:
             cpus_per_csx -= 1
     if systems_that_fit(nodes, cpus_per_csx, gpus_per_csx) < num_csx:

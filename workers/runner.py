@@ -92,23 +92,28 @@ def connect_ray(systems: int, address: str | None = None) -> None:
                  resources={CSX_RESOURCE: max(systems, machine_systems())}, log_to_driver=False)
 
 
-def _user_code_env() -> dict[str, Any] | None:
-    """`csx run --python_paths` folders for the workers: a runtime started before the flag was
-    read (a reused one) did not inherit its environment variable."""
+def _worker_runtime_env() -> dict[str, Any]:
+    """Environment of the job's workers, set before their torch loads.
+
+    OpenMP threads wait passively (unless OMP_WAIT_POLICY says otherwise): spinning ones make a
+    worker of 2 threads 3-4x slower than one thread as soon as other processes share the
+    cores (bench/hardware.py's matmul ceiling, measured on the shared 2-core machine), while
+    passive waiting keeps it at least as fast as one thread. And `csx run --python_paths`
+    folders: a runtime started before the flag was read (a reused one) did not inherit them.
+    """
     from sparsity.plugins import ENV_VAR
 
-    paths = os.environ.get(ENV_VAR)
-    return {"env_vars": {ENV_VAR: paths}} if paths else None
+    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    if os.environ.get(ENV_VAR):
+        env[ENV_VAR] = os.environ[ENV_VAR]
+    return {"env_vars": env}
 
 
 def resolve_hardware(spec: JobSpec, num_csx: int) -> SystemHardware:
     """Each system's CPUs and GPUs for this job on the connected cluster (runconfig's
-    cpus_per_csx / gpus_per_csx, else what is free); ValueError when it can never fit."""
-    available = ray.available_resources()
+    cpus_per_csx / gpus_per_csx, else the cluster's share); ValueError when it can never fit."""
     rc = spec.runconfig
     return per_system_hardware(nodes_from_ray(ray.nodes()), num_csx,
-                               available_cpus=available.get("CPU", 0.0),
-                               available_gpus=available.get("GPU", 0.0),
                                cpus_per_csx=rc.cpus_per_csx, gpus_per_csx=rc.gpus_per_csx,
                                placement=rc.placement_strategy)
 
@@ -204,7 +209,7 @@ class JobHandle:
         self._await_placement(group)
         actors = [CsxWorker.options(
             num_cpus=hardware.cpus, num_gpus=hardware.gpus, resources={CSX_RESOURCE: 1},
-            runtime_env=_user_code_env(),
+            runtime_env=_worker_runtime_env(),
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 group, placement_group_bundle_index=rank)).remote(
             rank, self.num_csx, hardware.cpus, hardware.device)

@@ -37,4 +37,4 @@ bench: install
 # The GPU tests, GPU-vs-CPU masks of a seeded run, masked-vs-dense step and tokens/s on the GPU
 # (torch and this repo only; under 5 minutes on one GPU). Without CUDA it says so and skips.
 gpu-check: install
-	$(PY) bench/gpu_check.py --json bench/results/gpu_check.json
+	$(PY) bench/gpu_check.py

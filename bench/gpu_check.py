@@ -12,7 +12,7 @@ Ray, no MLflow), in a few minutes on one GPU.
 Without a CUDA device the GPU parts are skipped, with a line saying so, and the CPU side still
 runs (the seeded run's masks and a short CPU timing), so the script itself is exercised:
 
-    python bench/gpu_check.py [--steps N] [--hidden H] [--json OUT]
+    python bench/gpu_check.py [--quick] [--steps N] [--hidden H] [--json OUT]
 """
 
 from __future__ import annotations
@@ -92,8 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per GPU run")
     parser.add_argument("--cpu-steps", type=int, default=3, help="timed steps of the CPU run")
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "gpu_check.json",
+                        help="where the results go")
+    parser.add_argument("--quick", action="store_true", help="10 timed GPU steps (make bench)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.steps = 10
     results: dict[str, Any] = {"torch": torch.__version__, "cpu_threads": torch.get_num_threads()}
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
@@ -130,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"-> masked step {dense / masked:.3f}x the dense step (target <= 1.05)")
             print(f"GPU vs CPU ({torch.get_num_threads()} threads), masked: {masked:,.0f} vs "
                   f"{cpu:,.0f} tokens/s = {masked / cpu:.1f}x")
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2))
     failed = cuda and (results["gpu_tests"].startswith("FAILED")
                        or results["masks"] == "INITIAL MASKS DIFFER")
     return 1 if failed else 0

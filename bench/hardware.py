@@ -19,7 +19,7 @@ On one local Ray runtime holding this machine's cores (one `csx` system per core
 The machine is shared with other work, so every number is from a busy machine; ratios are
 taken within one run. Writes bench/results/hardware.json.
 
-    python bench/hardware.py [--steps N] [--rounds R] [--hidden 256] [--skip-ray-train]
+    python bench/hardware.py [--quick] [--steps N] [--rounds R] [--hidden 256] [--skip-ray-train]
 """
 
 from __future__ import annotations
@@ -169,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--skip-ray-train", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="4 steps, one round (make bench)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "hardware.json")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.rounds = 4, 1
     # Ray Train's fastest setting measured here (DESIGN.md section 6); read by its controller.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
     cores = usable_cores()

@@ -9,9 +9,11 @@ rendezvous port, forms a process group among them and has every actor call the s
 into one buffer per dtype: one collective per step, not one per tensor). Only rank 0 gets a
 `Tracker` and reports progress.
 
-Why actors and not Ray Train's TorchTrainer, which sizes workers the same way (ScalingConfig):
-on the 2-core development machine a trivial 2-worker `fit()` takes 20-29 s to start against
-about 1 s here, and each `ray.train.report` blocks about 2 s (bench/hardware.py measures both).
+Why actors and not Ray Train's TorchTrainer, which sizes workers the same way (ScalingConfig,
+placement PACK/SPREAD): on the shared 2-core development machine (bench/hardware.py, 2 workers
+of 1 CPU and one csx each, a trivial loop, load average 5-10) TorchTrainer reached the loop's
+first line 27-34 s after `fit()` against 6-18 s for this group, and a `ray.train.report` took
+0.18-0.20 s against 0.04-0.07 s for a progress event through our relay.
 
 If an actor dies, the whole group is killed and a fresh one started, up to `max_failures`
 times; `train()` resumes from the newest checkpoint in `model_dir`. Every rank returns the

@@ -53,16 +53,29 @@ class RayLauncher:
     why not ray.init in a thread) and stops on `close()`."""
 
     def __init__(self, settings: Settings) -> None:
-        from service.cluster import LiveCluster, machine_summary
+        from service.cluster import LiveCluster
 
         self.cluster_size = settings.cluster_size
         self.runs_dir = settings.runs_dir
         self._head: Any = None
         self._lock = threading.Lock()
-        # Capacity: what the local head will declare until a job connects, then the live
-        # cluster's csx resource (service/cluster.py).
-        self.cluster = LiveCluster(lambda: machine_summary(self.cluster_size))
+        # Capacity: the live cluster's csx resource (service/cluster.py); before the local head
+        # starts, what it will declare.
+        self.cluster = LiveCluster(self._planned_cluster)
         settings.read_cluster_from(self.cluster.summary)
+
+    def _planned_cluster(self) -> Any:
+        """Not connected yet: RAY_ADDRESS's cluster is joined (as a driver) to be read; the
+        local head is what it will declare."""
+        from service.cluster import live_summary, machine_summary
+        from workers.runner import connect_ray
+
+        address = os.environ.get("RAY_ADDRESS")
+        if not address:
+            return machine_summary(self.cluster_size)
+        with self._lock:
+            connect_ray(systems=machine_summary(self.cluster_size).systems, address=address)
+        return live_summary()
 
     def __call__(self, spec: Any, **kwargs: Any) -> Handle:
         import ray

@@ -44,9 +44,10 @@ def machine_summary(systems: int | None) -> ClusterSummary:
 
 
 def connected() -> bool:
-    """Whether this process is a driver of a Ray cluster (without importing ray)."""
-    ray = sys.modules.get("ray")
-    return ray is not None and ray.is_initialized()
+    """Whether this process is a driver of a Ray cluster (without importing ray; a ray still
+    being imported by another thread is not connected yet)."""
+    is_initialized = getattr(sys.modules.get("ray"), "is_initialized", None)
+    return bool(is_initialized is not None and is_initialized())
 
 
 def live_summary() -> ClusterSummary:

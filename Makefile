@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test bench results docs
+.PHONY: install run test bench results docs gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +37,8 @@ bench: install
 # The guide (docs/, mkdocs.yml) into site/; strict: a broken link or reference is an error.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# The GPU tests, GPU-vs-CPU masks of a seeded run, masked-vs-dense step and tokens/s on the GPU
+# (torch and this repo only; under 5 minutes on one GPU). Without CUDA it says so and skips.
+gpu-check: install
+	$(PY) bench/gpu_check.py

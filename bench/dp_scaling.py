@@ -38,7 +38,7 @@ train_input: {{batch_size: {batch}, max_sequence_length: {seq_len}}}
 model: {{preset: {preset}}}
 optimizer: {{optimizer_type: AdamW, learning_rate: 3.0e-3, max_gradient_norm: 1.0}}
 sparsity: {{algorithm: rigl, sparsity: 0.8, update: {{freq: 20}}, drop_fraction: 0.3}}
-runconfig: {{max_steps: {steps}, log_steps: {steps}, seed: 0}}
+runconfig: {{max_steps: {steps}, log_steps: {steps}, seed: 0, cpus_per_csx: 1}}
 """
 
 

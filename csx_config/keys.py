@@ -17,6 +17,8 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 Problem = tuple[tuple[str | int, ...], str]  # (location, message)
 HARDWARE_ONLY = "hardware-only (Cerebras appliance, precision or logging)"
+# The precision keys a worker on a GPU applies (workers/precision.py; the run reports it).
+ON_CUDA_ONLY = "precision: applied on a CUDA device only; training on CPU is float32"
 # Accepted, kept in the spec, listed as not applied; the reason when it is not HARDWARE_ONLY.
 NOT_APPLIED_REASONS: dict[str, str] = {
     "runconfig.save_losses": "1.x: losses are always logged to MLflow here",
@@ -31,7 +33,12 @@ NOT_APPLIED_REASONS: dict[str, str] = {
     "optimizer.ws_summary": "1.x weight-streaming summaries",
     "train_input.use_multiple_workers": "1.x CS-1 input workers",
     "eval_input.use_multiple_workers": "1.x CS-1 input workers",
-    "model.use_bfloat16": "precision: training here is float32",
+    "model.use_bfloat16": ON_CUDA_ONLY,
+    "model.mixed_precision": ON_CUDA_ONLY,
+    "model.fp16_type": ON_CUDA_ONLY,
+    "optimizer.loss_scaling_factor": ON_CUDA_ONLY,
+    "optimizer.initial_loss_scale": ON_CUDA_ONLY,
+    "optimizer.steps_per_increase": ON_CUDA_ONLY,
     "model.allow_multireplica": "multi-replica compilation of the CS system",
     "model.alibi_implementation": "ALiBi kernel choice of the CS compiler",
     "optimizer.grad_accum_steps": "gradient accumulation: the same global batch trains the same here",

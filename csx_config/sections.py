@@ -8,7 +8,8 @@ Any other unknown key is an error naming it (csx_config.keys), reported together
 other problem of its section. Our own additions, all optional: ``model.preset`` (tiny / mini /
 small: a small Llama filling the size keys the file does not give), ``model.tokenizer`` and
 ``model.sparse_wide_sparsity``, ``data_dir: builtin:shakespeare``, and runconfig's ``num_csx``
-cap, ``max_failures``, ``mlflow_experiment`` and ``sparse_kernel``.
+cap, ``max_failures``, ``mlflow_experiment``, ``sparse_kernel`` and the hardware of each system
+(``cpus_per_csx``, ``gpus_per_csx``, ``placement_strategy``).
 """
 
 from __future__ import annotations
@@ -457,6 +458,13 @@ class RunConfigSpec(_Section):
     # calibrated by timing in each process: CSR and dense round differently, so bit-identical
     # results across processes (resume, replicas) need a fixed "csr" or "dense".
     sparse_kernel: Literal["auto", "csr", "dense"] = "auto"
+    # Hardware of each simulated system, requested from Ray per worker. None: the cluster's
+    # CPUs shared by the job's systems, and one GPU each where there are enough.
+    # The worker's torch intra-op threads (CSR kernels included) equal its CPUs.
+    cpus_per_csx: PositiveInt | None = None
+    gpus_per_csx: NonNegativeInt | None = None  # 0: train on CPUs even where GPUs exist
+    # Ray placement of the job's systems: PACK on as few nodes as fit, SPREAD over nodes.
+    placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
 
 
 def check_sparsity_levels(value: Any, path: str) -> None:

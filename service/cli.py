@@ -182,6 +182,7 @@ def _serve_api(args: argparse.Namespace) -> int:
               flush=True)
         settings = settings.model_copy(update={"mlflow_tracking_uri": ui.url,
                                                "mlflow_ui_url": ui.url})
+    print(found_cluster(settings), flush=True)
     # uvicorn re-raises a SIGTERM with the handler it found once it has shut down gracefully;
     # the default one would end the process by the signal: a stop that went well exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
@@ -191,6 +192,21 @@ def _serve_api(args: argparse.Namespace) -> int:
         if ui is not None:
             ui.close()
     return 0
+
+
+def found_cluster(settings: Any) -> str:
+    """What the service will run jobs on: the cluster in RAY_ADDRESS (joined now, as a
+    driver), else the local Ray head it starts with the first job."""
+    from service.cluster import describe, live_summary, machine_summary
+
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:
+        return describe(machine_summary(settings.cluster_size),
+                        "local Ray head, started with the first job")
+    from workers.runner import connect_ray
+
+    connect_ray(systems=1, address=address)
+    return describe(live_summary(), f"Ray cluster at {address}")
 
 
 def token_create_command(args: argparse.Namespace) -> int:

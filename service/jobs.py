@@ -53,10 +53,11 @@ def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
                                                  settings.allowed_data_roots, params)
     problems += refused
     num_csx = resolve_num_csx(options, spec)
-    if num_csx > settings.cluster_size:
+    systems = settings.systems
+    if num_csx > systems:
         where = ("num_csx",) if options.num_csx is not None else ("params", "runconfig", "num_csx")
         problems.append((where, f"num_csx {num_csx} exceeds the cluster's "
-                                f"{settings.cluster_size} CS-2 systems"))
+                                f"{systems} CS-2 systems"))
     if spec.train_input.batch_size % num_csx:
         problems.append((("params", "train_input", "batch_size"),
                          f"global batch_size {spec.train_input.batch_size} must divide evenly "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import json
 import os
 import re
 import signal
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
+
+from workers.hardware import CSX_RESOURCE
 
 HOST = "127.0.0.1"
 DEV_TOKEN_LINE = re.compile(r"csx dev token \(admin\): (\S+)")
@@ -273,6 +276,7 @@ class LocalStack:
         ray = self._start("ray", [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
             "--port", str(self.ray_port), "--num-cpus", str(self.cluster_size),
+            "--resources", json.dumps({CSX_RESOURCE: self.cluster_size}),
             "--include-dashboard", "false", "--disable-usage-stats"], env)
         wait_until_up(f"{self.ui_url}/health", ui, self.start_timeout_s)
         wait_for_line(RAY_STARTED, ray, self.start_timeout_s)

@@ -75,27 +75,48 @@ class RayLauncher:
     this launcher starts as a supervised child on the first launch (service/supervised.py says
     why not ray.init in a thread) and stops on `close()`."""
 
-    def __init__(self, cluster_size: int, runs_dir: Path) -> None:
-        self.cluster_size = cluster_size
-        self.runs_dir = runs_dir
+    def __init__(self, settings: Settings) -> None:
+        from service.cluster import LiveCluster
+
+        self.cluster_size = settings.cluster_size
+        self.runs_dir = settings.runs_dir
         self._head: Any = None
         self._lock = threading.Lock()
+        # Capacity: the live cluster's csx resource (service/cluster.py); before the local head
+        # starts, what it will declare.
+        self.cluster = LiveCluster(self._planned_cluster)
+        settings.read_cluster_from(self.cluster.summary)
+
+    def _planned_cluster(self) -> Any:
+        """Not connected yet: RAY_ADDRESS's cluster is joined (as a driver) to be read; the
+        local head is what it will declare."""
+        from service.cluster import live_summary, machine_summary
+        from workers.runner import connect_ray
+
+        address = os.environ.get("RAY_ADDRESS")
+        if not address:
+            return machine_summary(self.cluster_size)
+        with self._lock:
+            connect_ray(systems=machine_summary(self.cluster_size).systems, address=address)
+        return live_summary()
 
     def __call__(self, spec: Any, **kwargs: Any) -> Handle:
         import ray
 
+        from service.cluster import machine_summary
         from workers.runner import connect_ray, start_job
 
+        systems = machine_summary(self.cluster_size).systems
         with self._lock:
             address = os.environ.get("RAY_ADDRESS")
             if not address and not ray.is_initialized():
                 if self._head is None:
                     from service.supervised import RayHead
 
-                    self._head = RayHead(num_cpus=self.cluster_size,
+                    self._head = RayHead(systems=systems,
                                          log_path=self.runs_dir / "ray" / "head.log")
                 address = self._head.address
-            connect_ray(num_cpus=self.cluster_size, address=address)
+            connect_ray(systems=systems, address=address)
         return start_job(spec, **kwargs)
 
     def cluster_lost(self, wait_s: float) -> bool:
@@ -153,7 +174,7 @@ class Scheduler:
                  launcher: Launcher | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
-        self.launcher = launcher or RayLauncher(settings.cluster_size, settings.runs_dir)
+        self.launcher = launcher or RayLauncher(settings)
         self._executions: dict[int, Execution] = {}
         self._executions_lock = threading.Lock()
         self._wake = threading.Event()
@@ -343,7 +364,7 @@ class Scheduler:
                 execution.stop("timeout")
 
     def _start_queued(self, session: Session) -> None:
-        free = sorted(set(range(self.settings.cluster_size)) - set(crud.held_systems(session)))
+        free = sorted(set(range(self.settings.systems)) - set(crud.held_systems(session)))
         # Strict priority + FIFO: the head waits for its systems; nobody overtakes it. Only the
         # head is read, so a tick costs one indexed row however long the queue is.
         while (job := crud.queue_head(session)) is not None and job.num_csx <= len(free):

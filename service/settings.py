@@ -7,19 +7,25 @@ docker-compose.yml overrides them with PostgreSQL, an MLflow server and a Ray cl
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.cluster import machine_summary
+from workers.hardware import ClusterSummary
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CSX_", extra="ignore")
 
     database_url: str = "sqlite:///./csx.db"
-    # Simulated CS-2 systems the scheduler hands out; a job holds num_csx of them until it ends.
-    cluster_size: int = Field(default=4, ge=1, le=1024)
+    # Simulated CS-2 systems of the service's own local Ray head (the `csx` resource it
+    # declares); None: the machine's default, one per GPU, else one per core. A cluster joined
+    # through RAY_ADDRESS declares its own. The scheduler hands out what the cluster declares
+    # (`systems`); a job holds num_csx of them until it ends.
+    cluster_size: int | None = Field(default=None, ge=1, le=1024)
     runs_dir: Path = Path("./runs")
     mlflow_tracking_uri: str = "sqlite:///./mlflow.db"
     mlflow_ui_url: str = "http://127.0.0.1:5000"
@@ -31,8 +37,8 @@ class Settings(BaseSettings):
     dev_token: bool = False
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
     # Memory each CS-2 system's worker may use; a job needs its plan's per-worker estimate to
-    # fit. Default: this machine's physical memory shared by the cluster's systems (the local
-    # Ray cluster runs every worker here, and concurrent jobs share it).
+    # fit. Default: the least memory a cluster node has per system it declares (before the
+    # local head runs: this machine's physical memory shared by its systems).
     # timeout_s of a job that gives none: no job holds its systems forever.
     default_timeout_s: float = Field(default=86400.0, gt=0, le=30 * 86400, allow_inf_nan=False)
     memory_per_csx_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -75,12 +81,28 @@ class Settings(BaseSettings):
     def _absolute_runs_dir(cls, path: Path) -> Path:
         return path.expanduser().resolve()
 
+    # The scheduler's Ray launcher reads the live cluster through this (service/cluster.py).
+    _cluster_reader: Callable[[], ClusterSummary] | None = PrivateAttr(default=None)
+
+    def read_cluster_from(self, reader: Callable[[], ClusterSummary]) -> None:
+        self._cluster_reader = reader
+
+    def cluster(self) -> ClusterSummary:
+        """The cluster jobs run on: the launcher's live Ray cluster, else this machine
+        declaring `cluster_size` systems (a test's launcher, or no launcher yet)."""
+        if self._cluster_reader is not None:
+            return self._cluster_reader()
+        return machine_summary(self.cluster_size)
+
+    @property
+    def systems(self) -> int:
+        return self.cluster().systems
+
     @property
     def memory_per_csx_bytes(self) -> int:
         if self.memory_per_csx_gib is not None:
             return int(self.memory_per_csx_gib * 2**30)
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return physical // self.cluster_size
+        return int(self.cluster().memory_per_system_bytes)
 
     @property
     def is_sqlite(self) -> bool:

@@ -24,6 +24,7 @@ RESTART_WINDOW_S end the watcher instead: a server that cannot stay up is report
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -46,6 +47,7 @@ from service.local_stack import (
     wait_for_line,
     wait_until_up,
 )
+from workers.hardware import CSX_RESOURCE
 
 READY = "READY"
 MAX_RESTARTS = 5
@@ -82,20 +84,21 @@ class SupervisedChild:
 
 
 class RayHead(SupervisedChild):
-    """A local Ray head on a free port; the service joins it at `address` as a driver
-    (`ray.init(address=...)`, which starts no processes of its own)."""
+    """A local Ray head on a free port declaring `systems` simulated CS-2 systems (the `csx`
+    resource) over all of this machine's CPUs and GPUs; the service joins it at `address` as a
+    driver (`ray.init(address=...)`, which starts no processes of its own)."""
 
-    def __init__(self, *, num_cpus: int, log_path: Path, start_timeout_s: float = 120.0,
-                 restart: bool = False) -> None:
+    def __init__(self, *, systems: int, log_path: Path, start_timeout_s: float = 120.0) -> None:
         port = free_port()
         self.address = f"{HOST}:{port}"
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
         env.pop("RAY_ADDRESS", None)
         super().__init__("the local Ray head", [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-            "--port", str(port), "--num-cpus", str(num_cpus), "--include-dashboard", "false",
+            "--port", str(port), "--resources", json.dumps({CSX_RESOURCE: systems}),
+            "--include-dashboard", "false",
             "--disable-usage-stats"], log_path=log_path, env=env,
-            ready_line=RAY_STARTED.pattern, start_timeout_s=start_timeout_s, restart=restart)
+            ready_line=RAY_STARTED.pattern, start_timeout_s=start_timeout_s)
 
 
 class MlflowUI(SupervisedChild):

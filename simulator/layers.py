@@ -121,6 +121,8 @@ class CSRLinear(nn.Module):
             return self.policy, f"forced by kernel={self.policy!r}"
         if density == 1.0:
             return "dense", "mask keeps every weight"
+        if self.weight.is_cuda:
+            return "dense", "masked dense on CUDA (the CSR kernels are CPU kernels)"
         cal = self.calibration or calibrate(self.weight.device, self.weight.dtype, self.backend)
         nnz = round(density * self.out_features * self.in_features)
         csr_s = cal.predict_csr_s(self.out_features, self.in_features, nnz, tokens)

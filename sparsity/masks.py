@@ -381,11 +381,12 @@ def _select(values: torch.Tensor, k: int, eligible: torch.Tensor | None,
     k = min(max(k, 0), n_eligible)
     if 2 * k <= n_eligible:
         chosen = _extreme(values, k, eligible, n_eligible, tie_breaker, largest)
-        return torch.zeros(n, dtype=torch.bool).index_fill_(0, chosen, True)
+        return torch.zeros(n, dtype=torch.bool, device=values.device).index_fill_(0, chosen, True)
     # The k largest eligible are all eligible but the n_eligible - k smallest; ties among those
     # go the other way round, so both ends agree on which tied entries win.
     others = _extreme(values, n_eligible - k, eligible, n_eligible, tie_breaker, not largest)
-    everyone = torch.ones(n, dtype=torch.bool) if eligible is None else eligible.clone()
+    everyone = (torch.ones(n, dtype=torch.bool, device=values.device) if eligible is None
+                else eligible.clone())
     return everyone.index_fill_(0, others, False)
 
 
@@ -405,7 +406,7 @@ def _extreme(values: torch.Tensor, k: int, eligible: torch.Tensor | None, n_elig
     which other entries are eligible.
     """
     if k == 0:
-        return torch.zeros(0, dtype=torch.long)
+        return torch.zeros(0, dtype=torch.long, device=values.device)
     n = values.numel()
     index = None  # positions of the candidates in `values`; None: every entry is one
     if n > _SAMPLE_ABOVE:

@@ -21,8 +21,10 @@ RAY_SESSION_FILES = frozenset({
     "tests/workers/test_runner_plumbing.py",
     "tests/workers/test_runner_train.py",
     "tests/workers/test_tracking.py",
+    "tests/workers/test_workers_cli.py",
     "tests/workers/test_workers_modelzoo_e2e.py",
     "tests/workers/test_workers_modelzoo_families_e2e.py",
+    "tests/workers/test_workers_restarts.py",
 })
 OWN_SERVER_FILES = frozenset({
     "tests/service/test_service_local_stack.py",
@@ -84,7 +86,8 @@ def ray_session() -> Iterator[None]:
 
     `address="local"` starts a private runtime even when RAY_ADDRESS points at a cluster,
     so tests never touch a shared one; `ray.shutdown()` stops exactly what it started.
-    Four logical CPUs let four one-CPU actors (num_csx = 4) run on a 2-core machine. (Ray
+    Four logical CPUs and four `csx` systems let a num_csx 4 job (one CPU each) run on a
+    2-core machine. (Ray
     2.60 rewrites a 127.0.0.1 node address to the routable one, so none is asked for; the
     runner's gloo rendezvous does use loopback.)
     """
@@ -94,7 +97,7 @@ def ray_session() -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    ray.init(address="local", include_dashboard=False, num_cpus=4,
+    ray.init(address="local", include_dashboard=False, num_cpus=4, resources={"csx": 4},
              object_store_memory=200 * 1024 * 1024, log_to_driver=False,
              configure_logging=False)
     try:

@@ -83,8 +83,8 @@ def run_study(state: Path, body: dict[str, Any], timeout_s: float) -> tuple[str,
                         mlflow_tracking_uri=tracking_uri, cluster_size=2,
                         allowed_data_roots=[state])
     # In this (main) thread: a runtime started from a job's thread dies with that thread.
-    ray.init(address="local", include_dashboard=False, num_cpus=2, log_to_driver=False,
-             configure_logging=False)
+    ray.init(address="local", include_dashboard=False, num_cpus=2, resources={"csx": 2},
+             log_to_driver=False, configure_logging=False)
     try:
         with TestClient(create_app(settings)) as client:
             with client.app.state.sessionmaker() as session:

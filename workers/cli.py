@@ -1,6 +1,7 @@
 """The ``csx`` command line.
 
-    csx run --params P.yaml [--num_csx N] [--mode train|eval|train_and_eval|eval_all]
+    csx run --params P.yaml [--num_csx N] [--cpus_per_csx C] [--gpus_per_csx G]
+            [--mode train|eval|train_and_eval|eval_all]
             [--model_dir D] [--checkpoint_path C] [--validate_only] [--set KEY.PATH=VALUE ...]
             [--unset KEY.PATH ...] [--logging DEBUG]
     csx convert FILE --to trainer|params [-o OUT]
@@ -63,6 +64,12 @@ def _add_run(subparsers: Any) -> None:
     parser.add_argument("--params", required=True, help="ModelZoo-style params YAML")
     parser.add_argument("--num_csx", type=int, default=None,
                         help="simulated CS-2 systems (default: runconfig.num_csx)")
+    parser.add_argument("--cpus_per_csx", type=int, default=None,
+                        help="CPUs (torch threads) per system (default: runconfig.cpus_per_csx, "
+                             "else the free CPUs shared by the job's systems)")
+    parser.add_argument("--gpus_per_csx", type=int, default=None,
+                        help="GPUs per system, 0 for CPU only (default: runconfig.gpus_per_csx, "
+                             "else 1 where the cluster has a GPU per system)")
     parser.add_argument("--mode", choices=RUN_MODES, default="train")
     parser.add_argument("--model_dir", default=None,
                         help="checkpoints and tokenizer (default: runconfig.model_dir or ./runs/<params name>)")
@@ -125,7 +132,9 @@ def _load_spec(args: argparse.Namespace) -> JobSpec:
     if not path.is_file():
         raise ValueError(f"--params {args.params!r} is not a file")
     flags = [f"runconfig.{key}={value}" for key, value in
-             (("num_csx", args.num_csx), ("checkpoint_path", args.checkpoint_path)) if value is not None]
+             (("num_csx", args.num_csx), ("checkpoint_path", args.checkpoint_path),
+              ("cpus_per_csx", args.cpus_per_csx), ("gpus_per_csx", args.gpus_per_csx))
+             if value is not None]
     return JobSpec.from_yaml(path.read_text(encoding="utf-8"), [*args.overrides, *flags])
 
 
@@ -163,45 +172,17 @@ def _run(args: argparse.Namespace) -> int:
     # Named and tagged alike on 1 and N systems: runs of different files stay apart.
     run_name = cli_run_name(args.params, str(sparsity_params(spec.sparsity)["algorithm"]))
     tags = {"csx.params_file": Path(args.params).name}
-    if num_csx > 1:
-        from workers.runner import run_job
+    from workers.runner import run_job
 
-        summary = run_job(spec, num_csx=num_csx, mode=args.mode, model_dir=model_dir,
-                          progress=progress, run_name=run_name, tags=tags)
-    else:
-        summary = _train_locally(spec, args.mode, model_dir, progress, run_name, tags)
-    shown = {k: v for k, v in summary.items() if k not in ("train_losses", "mask_hashes", "eval_history")}
+    summary = run_job(spec, num_csx=num_csx, mode=args.mode, model_dir=model_dir,
+                      progress=progress, run_name=run_name, tags=tags,
+                      tracking=bool(spec.runconfig.mlflow_experiment))
+    for warning in summary.get("warnings", []):  # logged where the loop ran, a Ray worker
+        logging.getLogger("csx").warning("%s", warning)
+    shown = {k: v for k, v in summary.items()
+             if k not in ("train_losses", "mask_hashes", "eval_history", "warnings")}
     print(json.dumps(shown, indent=2, default=str))
     return 0
-
-
-def _train_locally(spec: JobSpec, mode: str, model_dir: str, progress: ProgressPrinter,
-                   run_name: str, tags: dict[str, str]) -> dict:
-    """One system, in this process (no Ray), logging to MLflow when an experiment is named;
-    the run and the summary have what the Ray runner's have (`workers.runner.run_job`)."""
-    from workers.train import train
-
-    started = time.perf_counter()
-    tracker = None
-    if spec.runconfig.mlflow_experiment:
-        from workers.tracking import Tracker, open_run
-
-        run_id = open_run(spec, num_csx=1, run_name=run_name, tags=tags)
-        tracker = Tracker(spec.runconfig.mlflow_experiment, run_id=run_id)
-    try:
-        summary = train(spec, model_dir=model_dir, mode=mode, tracker=tracker, progress=progress)
-    except BaseException:
-        if tracker is not None:
-            tracker.finish("FAILED")
-        raise
-    train_wall_s = time.perf_counter() - started
-    if tracker is not None:
-        tracker.finish()
-    summary.update({"comm/allreduce_s": 0.0, "comm/allreduce_calls": 0,
-                    "train_wall_s": train_wall_s, "run_id": tracker.run_id if tracker else None,
-                    "num_csx": 1, "attempts": 1, "restarts": 0,
-                    "job_wall_s": time.perf_counter() - started})
-    return summary
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -1,7 +1,10 @@
-"""One simulated CS-2 system as a Ray actor: a gloo rank that runs the training loop.
+"""One simulated CS-2 system as a Ray actor: a rank of the job's process group that runs the
+training loop.
 
-Each actor owns one CPU and one torch thread, so N actors use N cores and data-parallel
-speedup is measured against a single-threaded baseline.
+The runner starts it with the CPUs, GPUs and the ``csx`` resource of its placement-group bundle
+(workers/hardware.py); it runs as many torch intra-op threads as it was granted CPUs, and on a
+GPU when granted one (Ray sets CUDA_VISIBLE_DEVICES to it, so it is ``cuda:0`` here). Ranks
+all-reduce over gloo on CPU and NCCL on GPU.
 """
 
 from __future__ import annotations
@@ -42,16 +45,26 @@ def average_in_place(tensors: list[torch.Tensor], world_size: int) -> None:
 
 @ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)
 class CsxWorker:
-    def __init__(self, rank: int, world_size: int) -> None:
-        torch.set_num_threads(1)
+    def __init__(self, rank: int, world_size: int, cpus: int = 1, device: str = "cpu") -> None:
+        from workers.hardware import intra_op_threads
+
+        torch.set_num_threads(intra_op_threads(cpus))
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"rank {rank} was granted a GPU but torch sees none "
+                               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
         self.rank = rank
         self.world_size = world_size
+        self.device = device
         self._allreduce_s = 0.0
         self._allreduce_calls = 0
 
-    def locate(self) -> tuple[int, str]:
-        """(process id, node address) of this actor."""
-        return os.getpid(), ray.util.get_node_ip_address()
+    def locate(self) -> dict[str, Any]:
+        """Where this worker runs: process id, node address, torch threads, device and the GPU
+        ids Ray assigned it."""
+        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(),
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "threads": torch.get_num_threads(), "device": self.device,
+                "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
 
     def free_port(self, host: str) -> int:
         """A free TCP port on `host` of this node, for the group's rendezvous store (rank 0)."""
@@ -61,7 +74,8 @@ class CsxWorker:
 
     def join_group(self, host: str, port: int) -> None:
         """Blocks until all ranks have joined, so the driver calls it on every actor at once."""
-        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=self.rank,
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size, timeout=COLLECTIVE_TIMEOUT)
 
     def all_reduce(self, tensors: list[torch.Tensor]) -> None:
@@ -90,7 +104,7 @@ class CsxWorker:
             summary = train_fn(spec, model_dir=model_dir, mode=mode, rank=self.rank,
                                world_size=self.world_size,
                                all_reduce=self.all_reduce if self.world_size > 1 else None,
-                               tracker=tracker, progress=progress)
+                               tracker=tracker, progress=progress, device=self.device)
         except BaseException:
             if tracker is not None:
                 tracker.flush()  # keep what was logged; the driver decides how the run ends

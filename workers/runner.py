@@ -1,10 +1,19 @@
-"""Data-parallel training over simulated CS-2 systems: one Ray actor per system, gloo between.
+"""Data-parallel training over simulated CS-2 systems: one Ray actor per system, gloo (CPU) or
+NCCL (GPU) between; every job, `num_csx` 1 included, from `csx run` or the service, runs here.
 
-The driver (`start_job` / `run_job`) creates the MLflow run, starts `num_csx` one-CPU actors,
-lets rank 0 pick a rendezvous port, forms a gloo process group among them and has every actor
-call the same loop, `workers.train.train`, with an `all_reduce` that averages gradients over
-the group (flattened into one buffer per dtype: one collective per step, not one per tensor).
-Only rank 0 gets a `Tracker` and reports progress.
+The driver (`start_job` / `run_job`) creates the MLflow run, reserves a placement group of
+`num_csx` bundles (each system's CPUs, GPUs and one `csx`: workers/hardware.py; PACK or SPREAD
+as `runconfig.placement_strategy` says), starts one actor per bundle, lets rank 0 pick a
+rendezvous port, forms a process group among them and has every actor call the same loop,
+`workers.train.train`, with an `all_reduce` that averages gradients over the group (flattened
+into one buffer per dtype: one collective per step, not one per tensor). Only rank 0 gets a
+`Tracker` and reports progress.
+
+Why actors and not Ray Train's TorchTrainer, which sizes workers the same way (ScalingConfig,
+placement PACK/SPREAD): on the shared 2-core development machine (bench/hardware.py, 2 workers
+of 1 CPU and one csx each, a trivial loop, load average 5-10) TorchTrainer reached the loop's
+first line 27-34 s after `fit()` against 6-18 s for this group, and a `ray.train.report` took
+0.18-0.20 s against 0.04-0.07 s for a progress event through our relay.
 
 If an actor dies, the whole group is killed and a fresh one started, up to `max_failures`
 times; `train()` resumes from the newest checkpoint in `model_dir`. Every rank returns the
@@ -23,7 +32,16 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from workers.hardware import (
+    CSX_RESOURCE,
+    SystemHardware,
+    machine_systems,
+    nodes_from_ray,
+    per_system_hardware,
+)
 from workers.progress import ProgressRelay
 from csx_config import JobSpec
 from workers.tracking import end_run, open_run, resolve_tracking_uri
@@ -36,6 +54,10 @@ MODES = ("train", "eval", "train_and_eval", "eval_all")
 # After one rank fails, how long the others get to fail too (peers of a killed process see
 # gloo connection errors within milliseconds) before the failure is classified.
 FAILURE_GRACE_S = 10.0
+# How often a job waiting for its placement group checks for a cancel, and after how long it
+# says that it waits (the cluster's systems are busy, or a node is gone).
+PLACEMENT_POLL_S = 0.5
+PLACEMENT_NOTICE_S = 10.0
 MASK_HASHES_KEY = "mask_hashes"
 ProgressCallback = Callable[[dict[str, Any]], None]
 
@@ -48,8 +70,9 @@ class JobFailed(RuntimeError):
     """Workers kept dying: more than `max_failures` restarts were needed."""
 
 
-def connect_ray(num_cpus: int, address: str | None = None) -> None:
-    """Reuse an initialised runtime, else join `address` or RAY_ADDRESS, else start a local one.
+def connect_ray(systems: int, address: str | None = None) -> None:
+    """Reuse an initialised runtime, else join `address` or RAY_ADDRESS, else start a local one
+    declaring `systems` CS-2 systems or the machine's (workers/hardware.py), whichever is more.
 
     A local runtime started here lives only as long as the calling *thread* (Ray ties
     gcs_server and raylet to it with PR_SET_PDEATHSIG): long-lived callers that launch from
@@ -67,7 +90,34 @@ def connect_ray(num_cpus: int, address: str | None = None) -> None:
         ray.init(address=address, log_to_driver=False)
     else:
         ray.init(address="local", include_dashboard=False,
-                 num_cpus=max(num_cpus, os.cpu_count() or 1), log_to_driver=False)
+                 num_cpus=max(systems, os.cpu_count() or 1),
+                 resources={CSX_RESOURCE: max(systems, machine_systems())}, log_to_driver=False)
+
+
+def _worker_runtime_env() -> dict[str, Any]:
+    """Environment of the job's workers, set before their torch loads.
+
+    OpenMP threads wait passively (unless OMP_WAIT_POLICY says otherwise): spinning ones make a
+    worker of 2 threads 3-4x slower than one thread as soon as other processes share the
+    cores (bench/hardware.py's matmul ceiling, measured on the shared 2-core machine), while
+    passive waiting keeps it at least as fast as one thread. And `csx run --python_paths`
+    folders: a runtime started before the flag was read (a reused one) did not inherit them.
+    """
+    from sparsity.plugins import ENV_VAR
+
+    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    if os.environ.get(ENV_VAR):
+        env[ENV_VAR] = os.environ[ENV_VAR]
+    return {"env_vars": env}
+
+
+def resolve_hardware(spec: JobSpec, num_csx: int) -> SystemHardware:
+    """Each system's CPUs and GPUs for this job on the connected cluster (runconfig's
+    cpus_per_csx / gpus_per_csx, else the cluster's share); ValueError when it can never fit."""
+    rc = spec.runconfig
+    return per_system_hardware(nodes_from_ray(ray.nodes()), num_csx,
+                               cpus_per_csx=rc.cpus_per_csx, gpus_per_csx=rc.gpus_per_csx,
+                               placement=rc.placement_strategy)
 
 
 def first_mask_divergence(hashes_per_rank: list[list[Any]]) -> str | None:
@@ -91,9 +141,11 @@ class JobHandle:
 
     def __init__(self, spec: JobSpec, *, num_csx: int, mode: str, model_dir: str,
                  run_id: str | None, tracking_uri: str | None, progress: ProgressCallback | None,
-                 max_failures: int, train_fn: Callable[..., dict] | None) -> None:
+                 max_failures: int, train_fn: Callable[..., dict] | None,
+                 hardware: SystemHardware) -> None:
         self.spec = spec
         self.num_csx = num_csx
+        self.hardware = hardware
         self.mode = mode
         self.model_dir = model_dir
         self.run_id = run_id
@@ -105,7 +157,9 @@ class JobHandle:
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
         self._actors: list[Any] = []  # the current attempt's workers and progress relay
+        self._placement: Any = None  # the current attempt's placement group
         self._pids: list[int] = []
+        self.workers: list[dict[str, Any]] = []  # where each rank ran (replica.locate)
 
     def worker_pids(self) -> list[int]:
         """Process ids of the current attempt's actors, by rank."""
@@ -147,22 +201,34 @@ class JobHandle:
         return self._summarise(results, restarts=failures)
 
     def _run_attempt(self) -> list[dict[str, Any]]:
-        """One group of fresh actors (and a fresh relay: a dead attempt's half-delivered
-        event must not block the next one) from start to finish."""
+        """One group of fresh actors in a fresh placement group (and a fresh relay: a dead
+        attempt's half-delivered event must not block the next one) from start to finish."""
         self.attempts += 1
-        actors = [CsxWorker.remote(rank, self.num_csx) for rank in range(self.num_csx)]
+        hardware = self.hardware
+        group = placement_group([hardware.bundle()] * self.num_csx, strategy=hardware.placement)
+        with self._lock:
+            self._placement = group
+        self._await_placement(group)
+        actors = [CsxWorker.options(
+            num_cpus=hardware.cpus, num_gpus=hardware.gpus, resources={CSX_RESOURCE: 1},
+            runtime_env=_worker_runtime_env(),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=rank)).remote(
+            rank, self.num_csx, hardware.cpus, hardware.device)
+            for rank in range(self.num_csx)]
         relay = ProgressRelay.remote() if self._progress is not None else None
         with self._lock:
             self._actors = actors + ([relay] if relay is not None else [])
         located = ray.get([actor.locate.remote() for actor in actors])
         with self._lock:
-            self._pids = [pid for pid, _ in located]
+            self._pids = [where["pid"] for where in located]
+        self.workers = [{k: v for k, v in where.items() if k != "pid"} for where in located]
         self._check_cancelled()
         if self.num_csx > 1:
             # One node (the usual local case): rendezvous on loopback only. Ray itself cannot
             # be held to 127.0.0.1 (2.60 rewrites it to the routable address).
-            nodes = {node for _, node in located}
-            host = "127.0.0.1" if len(nodes) == 1 else located[0][1]
+            nodes = {where["node"] for where in located}
+            host = "127.0.0.1" if len(nodes) == 1 else located[0]["node"]
             port = ray.get(actors[0].free_port.remote(host))
             ray.get([actor.join_group.remote(host, port) for actor in actors])
         tracker_args = None
@@ -177,6 +243,20 @@ class JobHandle:
         results = self._collect(refs, relay)
         self._kill_group()
         return results
+
+    def _await_placement(self, group: Any) -> None:
+        """Wait until Ray reserved every bundle, saying so once when that takes a while (the
+        cluster's systems are busy); a cancel ends the wait."""
+        ready = group.ready()
+        started = time.monotonic()
+        noticed = False
+        while not ray.wait([ready], timeout=PLACEMENT_POLL_S)[0]:
+            self._check_cancelled()
+            if not noticed and time.monotonic() - started > PLACEMENT_NOTICE_S:
+                noticed = True
+                log.warning("waiting for Ray to place %d systems of %s (other jobs hold them, "
+                            "or a node is gone)", self.num_csx, self.hardware.bundle())
+        self._check_cancelled()
 
     def _collect(self, refs: list[Any], relay: Any) -> list[dict[str, Any]]:
         """Wait for every rank, delivering progress events as they come."""
@@ -220,7 +300,9 @@ class JobHandle:
             raise MaskDivergence(divergence)
         summary = dict(results[0])  # rank 0's, including its all-reduce time and call count
         summary.update({"run_id": self.run_id, "num_csx": self.num_csx,
-                        "attempts": self.attempts, "restarts": restarts})
+                        "attempts": self.attempts, "restarts": restarts,
+                        "cpus_per_csx": self.hardware.cpus, "gpus_per_csx": self.hardware.gpus,
+                        "workers": self.workers})
         return summary
 
     def _emit(self, event: dict[str, Any]) -> None:
@@ -234,8 +316,11 @@ class JobHandle:
     def _kill_group(self) -> None:
         with self._lock:
             actors, self._actors, self._pids = self._actors, [], []
+            group, self._placement = self._placement, None
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        if group is not None:  # frees the bundles for the next attempt and other jobs
+            remove_placement_group(group)
 
 
 def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,
@@ -272,11 +357,8 @@ def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: st
     os.makedirs(model_dir, exist_ok=True)
     model_dir = os.path.abspath(model_dir)
 
-    connect_ray(num_cpus=num_csx)
-    available = ray.cluster_resources().get("CPU", 0)
-    if available < num_csx:
-        raise ValueError(f"num_csx={num_csx} needs {num_csx} CPUs in the Ray cluster, "
-                         f"it has {available:g}")
+    connect_ray(systems=num_csx)
+    hardware = resolve_hardware(spec, num_csx)
     run_id = None
     if tracking:
         tracking_uri = resolve_tracking_uri(tracking_uri)
@@ -285,7 +367,7 @@ def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: st
                                            tags=tags)
     return JobHandle(spec, num_csx=num_csx, mode=mode, model_dir=model_dir, run_id=run_id,
                      tracking_uri=tracking_uri, progress=progress, max_failures=max_failures,
-                     train_fn=train_fn)
+                     train_fn=train_fn, hardware=hardware)
 
 
 def run_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,

@@ -16,6 +16,14 @@ cstorch NaN-sentinel one) or a finished one under a changed ``sparsity`` section
 pruning) starts a new phase at its step: its weights (masks moved to the new level, or made from
 the weights of a dense checkpoint), data position and RNG, with a fresh optimizer, LR schedule
 and sparsity algorithm, for ``max_steps`` more steps (see ``_start``).
+
+Device: the rank's ``device`` (``cpu``, or ``cuda`` where the runner granted a GPU) holds the
+model, masks, optimizer state and each batch; the model is built and masked on the CPU first,
+so a seeded run starts from the same weights and masks on either. On CUDA the fabric's
+``sparse_kernel: auto`` runs masked dense, and the precision keys apply (workers/precision.py).
+Resume on CUDA restores the CUDA generator too; it is bit-identical only where the kernels are
+deterministic (cuBLAS reductions may differ between runs unless CUBLAS_WORKSPACE_CONFIG and
+``torch.use_deterministic_algorithms`` are set), so the exact-resume guarantee is for CPU.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from workers.hdf5 import HDF5BatchSampler
 from workers.job import build_sparse_model, load_data, lr_lambda, make_optimizer, model_config
 from workers.perf import PerfProjector
 from workers.safe_files import read_text
+from workers.precision import Precision, resolve_precision
 from csx_config import JobSpec
 from csx_config.schedulers import warmup_steps
 
@@ -48,7 +57,7 @@ def mask_hash(alg: Any) -> str:
     """sha256 of all masks concatenated (algorithm order): equal on replicas iff masks agree."""
     digest = hashlib.sha256()
     for _, _, mask in alg.sparse_parameters():
-        digest.update(mask.contiguous().numpy().tobytes())
+        digest.update(mask.contiguous().cpu().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -64,15 +73,19 @@ class Run:
     eval_data: Any  # (inputs, targets) batches: a list, or workers.hdf5.HDF5EvalBatches
     config_dict: dict[str, Any]
     tokenizer_json: dict[str, Any]
+    device: torch.device = torch.device("cpu")
+    precision: Precision = Precision()
+    scaler: torch.amp.GradScaler | None = None
     step: int = 0
     phase_start: int = 0  # the step this training phase began; it ends max_steps later
     end_step: int = 0
     best_eval_loss: float = math.inf
     mask_hashes: list[list[Any]] = field(default_factory=list)
     skipped_checkpoints: list[str] = field(default_factory=list)  # damaged ones a resume passed over
+    warnings: list[str] = field(default_factory=list)
 
 
-def _build(spec: JobSpec, model_dir: Path, rank: int, world_size: int) -> Run:
+def _build(spec: JobSpec, model_dir: Path, rank: int, world_size: int, device: torch.device) -> Run:
     # Dropout draws from the global generator, which torch seeds at random in every process:
     # seeded per run and replica, the same seed gives the same losses (a resume then restores
     # the checkpoint's generator state over this one).
@@ -80,6 +93,9 @@ def _build(spec: JobSpec, model_dir: Path, rank: int, world_size: int) -> Run:
     data = load_data(spec, model_dir, rank=rank, world_size=world_size, save_tokenizer_file=rank == 0)
     config = model_config(spec, data.vocab_size, data.sampler.seq_len)
     model, alg = build_sparse_model(spec, config)
+    model.to(device)  # in place: the algorithm's parameters and mask buffers move with it
+    precision = resolve_precision(spec.model.model_extra or {}, spec.optimizer.model_extra or {},
+                                  device)
     optimizer = make_optimizer(spec.optimizer, model, spec.optimizer.adjust_learning_rate)
     if alg is not None:
         alg.apply(optimizer)
@@ -87,6 +103,7 @@ def _build(spec: JobSpec, model_dir: Path, rank: int, world_size: int) -> Run:
     return Run(spec=spec, model=model, alg=alg, optimizer=optimizer,
                scheduler=scheduler, sampler=data.sampler, eval_data=data.eval_data,
                config_dict=asdict(config), tokenizer_json=data.tokenizer_json,
+               device=device, precision=precision, scaler=precision.scaler(device),
                end_step=spec.runconfig.max_steps)
 
 
@@ -133,7 +150,9 @@ def _compile(run: Run, world_size: int, rank: int, model_dir: Path, all_reduce: 
         import simulator
 
         policy = run.spec.runconfig.sparse_kernel
-        calibration = _job_calibration(model_dir, all_reduce, write=rank == 0) if policy == "auto" else None
+        # On CUDA "auto" is masked dense (simulator.layers), measured by no CPU calibration.
+        calibrate = policy == "auto" and run.device.type == "cpu"
+        calibration = _job_calibration(model_dir, all_reduce, write=rank == 0) if calibrate else None
         tokens = run.spec.train_input.batch_size // world_size * run.sampler.seq_len
         simulator.compile(run.model, algorithm=run.alg, tokens=tokens, kernel=policy,
                           calibration=calibration)
@@ -145,7 +164,7 @@ def _state(run: Run) -> dict[str, Any]:
         "optimizer": run.optimizer.state_dict(),
         "sparsity": run.alg.state_dict() if run.alg is not None else None,
         "lr_scheduler": run.scheduler.state_dict(),
-        "rng": {"torch": torch.get_rng_state()},
+        "rng": _rng_state(run.device),
         "data_position": run.sampler.state_dict(),
         "step": run.step,
         "phase_start": run.phase_start,
@@ -154,7 +173,21 @@ def _state(run: Run) -> dict[str, Any]:
         "tokenizer": run.tokenizer_json,
         "best_eval_loss": run.best_eval_loss,
         "mask_hashes": list(run.mask_hashes),
+        **({"grad_scaler": run.scaler.state_dict()} if run.scaler is not None else {}),
     }
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def _load_weights(run: Run, state: dict[str, Any], source: Path) -> None:
@@ -178,13 +211,15 @@ def _restore(run: Run, state: dict[str, Any], path: Path) -> None:
     _load_weights(run, state, path)
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["lr_scheduler"])
-    torch.set_rng_state(state["rng"]["torch"])
+    _set_rng_state(state["rng"], run.device)
     run.sampler.load_state_dict(state["data_position"])
     run.step = int(state["step"])
     run.phase_start = int(state.get("phase_start", 0))
     run.end_step = run.phase_start + run.spec.runconfig.max_steps
     run.best_eval_loss = float(state.get("best_eval_loss", math.inf))
     run.mask_hashes = list(state.get("mask_hashes", []))
+    if run.scaler is not None and "grad_scaler" in state:
+        run.scaler.load_state_dict(state["grad_scaler"])
 
 
 def _start_phase(run: Run, state: dict[str, Any], path: Path) -> None:
@@ -195,7 +230,7 @@ def _start_phase(run: Run, state: dict[str, Any], path: Path) -> None:
     if "data_position" in state:
         run.sampler.load_state_dict(state["data_position"])
     if "rng" in state:
-        torch.set_rng_state(state["rng"]["torch"])
+        _set_rng_state(state["rng"], run.device)
     run.step = run.phase_start = int(state.get("step", 0))
     run.end_step = run.phase_start + run.spec.runconfig.max_steps
     missing = [key for key in ckpt.TRAINING_KEYS if key not in state]
@@ -230,18 +265,26 @@ def _start(run: Run, folder: Path) -> None:
         return
     _restore(run, state, path)
     if finished:
-        logging.getLogger("csx").warning(
-            "%s is already trained to step %d (runconfig.max_steps %d from step %d): nothing to "
-            "train. Raise max_steps to train further, or change the sparsity section to start a "
-            "new pruning phase.", path, step, run.spec.runconfig.max_steps, run.phase_start)
+        _warn(run, f"{path} is already trained to step {step} (runconfig.max_steps "
+                   f"{run.spec.runconfig.max_steps} from step {run.phase_start}): nothing to "
+                   "train. Raise max_steps to train further, or change the sparsity section to "
+                   "start a new pruning phase.")
+
+
+def _warn(run: Run, message: str) -> None:
+    """Log a warning and keep it for the summary's `warnings`: the loop runs in a Ray worker,
+    whose log the user of `csx run` or the service does not see."""
+    logging.getLogger("csx").warning("%s", message)
+    run.warnings.append(message)
 
 
 @torch.no_grad()
 def evaluate(run: Run, all_reduce: AllReduce | None) -> dict[str, float]:
     """Mean cross-entropy over the fixed eval batches (averaged over ranks) and perplexity."""
-    total = torch.zeros(1, dtype=torch.float64)
+    total = torch.zeros(1, dtype=torch.float64, device=run.device)
     for inputs, targets in run.eval_data:
-        _, loss = run.model(inputs, targets)
+        with run.precision.autocast(run.device):
+            _, loss = run.model(inputs.to(run.device), targets.to(run.device))
         total += loss.double()
     total /= len(run.eval_data)
     if all_reduce is not None:
@@ -254,11 +297,12 @@ class MaskDivergence(RuntimeError):
     """Data-parallel replicas ended a mask update with different masks."""
 
 
-def _check_replicas_agree(step: int, digest: str, all_reduce: AllReduce) -> None:
+def _check_replicas_agree(step: int, digest: str, all_reduce: AllReduce,
+                          device: torch.device = torch.device("cpu")) -> None:
     """Fail fast on the first diverging update: the mean over ranks of a 48-bit slice of the
     mask hash (exact in float64) equals this rank's value on every rank iff all ranks agree."""
     local = float(int(digest[:12], 16))
-    value = torch.tensor([local], dtype=torch.float64)
+    value = torch.tensor([local], dtype=torch.float64, device=device)
     all_reduce([value])
     if value.item() != local:
         raise MaskDivergence(f"replicas hold different masks after the update at step {step}")
@@ -287,19 +331,28 @@ def _optimizer_step(run: Run, params: list[torch.nn.Parameter], all_reduce: AllR
     step produced dense gradients for a mask update)."""
     inputs, targets = run.sampler.next_batch()
     run.optimizer.zero_grad(set_to_none=True)
-    _, loss = run.model(inputs, targets)
-    loss.backward()
-    step_loss = loss.detach().reshape(1).clone()  # float32: one collective with the grads
+    with run.precision.autocast(run.device):
+        _, loss = run.model(inputs.to(run.device), targets.to(run.device))
+    (run.scaler.scale(loss) if run.scaler is not None else loss).backward()
+    step_loss = loss.detach().float().reshape(1).clone()  # one collective with the grads
     if all_reduce is not None:
         # Before clipping and the optimizer step. Gradients are masked already (the sparsity
         # hooks ran in backward); on an update step RigL/GraNet grow from the averaged dense
         # gradient the hooks captured, so it travels in the same collective.
         dense = run.alg.captured_dense_grads() if run.alg is not None else []
         all_reduce([p.grad for p in params if p.grad is not None] + dense + [step_loss])
+    if run.scaler is not None:
+        # Every rank holds the same averaged gradients, so every rank skips the same steps
+        # (and, with them, their mask updates).
+        run.scaler.unscale_(run.optimizer)
     if run.spec.optimizer.max_gradient_norm:
         torch.nn.utils.clip_grad_norm_(params, run.spec.optimizer.max_gradient_norm)
     dense_grad = run.alg is not None and run.alg.needs_dense_grad()
-    run.optimizer.step()  # sparsity hooks: mask grads/state, re-mask weights, update masks
+    if run.scaler is not None:
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+    else:
+        run.optimizer.step()  # sparsity hooks: mask grads/state, re-mask weights, update masks
     run.scheduler.step()
     run.step += 1
     return float(step_loss), dense_grad
@@ -334,7 +387,7 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
         if run.alg is not None and run.alg.is_update_step(run.alg.step):
             run.mask_hashes.append([run.step, mask_hash(run.alg)])
             if all_reduce is not None:
-                _check_replicas_agree(run.step, run.mask_hashes[-1][1], all_reduce)
+                _check_replicas_agree(run.step, run.mask_hashes[-1][1], all_reduce, run.device)
             log.add(run.step, _sparsity_metrics(run.alg, run.step))
             if tracker is not None and rank == 0:
                 tracker.log_mask_update(run.step, {n: m.clone() for n, _, m in run.alg.sparse_parameters()})
@@ -411,26 +464,34 @@ def _checkpoints_to_evaluate(spec: JobSpec, model_dir: Path, mode: str) -> Itera
 
 def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, world_size: int = 1,
           all_reduce: AllReduce | None = None, tracker: Any = None,
-          progress: Callable[[dict], None] | None = None) -> dict:
+          progress: Callable[[dict], None] | None = None, device: str = "cpu") -> dict:
     """Run ``mode`` (train | eval | train_and_eval | eval_all) as rank ``rank`` of ``world_size``.
 
     Returns a summary: steps, train_loss, final/best eval loss and perplexity, eval_history,
     train_losses ([step, loss] of the steps run here), tokens_per_s, the perf projection
     (sim_step_ms, speedup_vs_dense, scaling_efficiency), mask_hashes ([step, sha256] pairs: initial
     masks and every update step), kernels (the fabric's CSR/dense choice per sparse layer),
-    the last checkpoint written, and skipped_checkpoints (why each damaged checkpoint newer
-    than the one resumed from was passed over; only when there were any).
+    the last checkpoint written, the device and the precision applied, and
+    skipped_checkpoints (why each damaged checkpoint newer than the one resumed from was passed
+    over; only when there were any).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    where = torch.device(device)
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch sees no CUDA device here")
     folder = Path(model_dir)
     if rank == 0:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "params.yaml").write_text(spec.to_yaml(), encoding="utf-8")
-    run = _build(spec, folder, rank, world_size)
-    summary: dict[str, Any] = {"mode": mode, "eval_history": [], "train_losses": []}
+    run = _build(spec, folder, rank, world_size, where)
+    summary: dict[str, Any] = {"mode": mode, "eval_history": [], "train_losses": [],
+                               "device": str(where), "precision": run.precision.applied}
+    if rank == 0:
+        logging.getLogger("csx").info("training on %s, %d torch threads, precision: %s", where,
+                                      torch.get_num_threads(), run.precision.applied)
     log = _MetricLog(tracker if rank == 0 else None)
 
     if mode in ("eval", "eval_all"):
@@ -452,7 +513,8 @@ def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, 
 
 
 def _finish(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
-    summary.update({"steps": run.step, "mask_hashes": list(run.mask_hashes)})
+    summary.update({"steps": run.step, "mask_hashes": list(run.mask_hashes),
+                    "warnings": list(run.warnings)})
     if run.skipped_checkpoints:
         summary["skipped_checkpoints"] = list(run.skipped_checkpoints)
     if run.alg is not None:

@@ -65,7 +65,9 @@ class SET(DynamicSparsityAlgorithm):
         return p.detach().abs()
 
     def grow_score(self, p: torch.nn.Parameter) -> torch.Tensor:
-        return torch.rand(p.shape, generator=self.generator(p))
+        # Drawn on the CPU's generator wherever p lives: the same scores, so the same masks, on
+        # a GPU replica as on a CPU one.
+        return torch.rand(p.shape, generator=self.generator(p)).to(p.device)
 
     def update_mask(self, p: torch.nn.Parameter, mask: torch.Tensor, sparsity: float) -> torch.Tensor:
         fraction = self.drop_fraction.value_at(self.step, True)

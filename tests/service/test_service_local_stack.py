@@ -166,7 +166,7 @@ def test_ray_head_stops_ray_when_its_watcher_is_killed(tmp_path, monkeypatch):
     whole family) orphaned `ray start --head --block`, which lives in a session of its own."""
     monkeypatch.setenv("CSX_TEST_STATE", str(tmp_path))
     monkeypatch.chdir(REPO_ROOT)
-    head = RayHead(num_cpus=1, log_path=tmp_path / "ray" / "head.log", start_timeout_s=240)
+    head = RayHead(systems=1, log_path=tmp_path / "ray" / "head.log", start_timeout_s=240)
     try:
         names = {process_name(pid) for pid in processes_with_env(str(tmp_path))}
         assert {"gcs_server", "raylet"} <= names, names

@@ -68,6 +68,7 @@ STUDY = {
 # DESIGN §4: the path of a job that runs to the end, first event written on submission.
 SUCCESS_PATH = [(None, "QUEUED"), ("QUEUED", "VALIDATING"), ("VALIDATING", "PROVISIONING"),
                 ("PROVISIONING", "RUNNING"), ("RUNNING", "SUCCEEDED")]
+SYSTEMS = 4  # the compose file's ray-worker replicas, one csx each: both variants fit at once
 START_TIMEOUT_S = 240  # deadlines for a busy machine; idle runs take a fraction
 STUDY_TIMEOUT_S = 900
 
@@ -98,7 +99,6 @@ class Topology:
             "CSX_MLFLOW_TRACKING_URI": self.mlflow_url,
             "CSX_MLFLOW_UI_URL": self.mlflow_url,
             "CSX_RUNS_DIR": str(self.state_dir / "runs"),
-            "CSX_CLUSTER_SIZE": "4",  # as in compose: both variants (num_csx 2) run at once
             "RAY_ADDRESS": self.ray_address,
             "RAY_AUTH_MODE": "disabled",
             "MLFLOW_TRACKING_URI": self.mlflow_url,
@@ -154,7 +154,7 @@ def start_topology(topology: Topology, postgres: PostgresServer) -> None:
     topology.ray_temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     ray = topology.start("ray-head", [
         sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-        f"--port={ray_port}", f"--num-cpus={env['CSX_CLUSTER_SIZE']}",
+        f"--port={ray_port}", f"--num-cpus={SYSTEMS}", f"--resources={{\"csx\": {SYSTEMS}}}",
         "--include-dashboard=false", "--disable-usage-stats",
         f"--temp-dir={topology.ray_temp_dir}", f"--ray-client-server-port={free_port()}",
         f"--dashboard-agent-listen-port={free_port()}"], env)

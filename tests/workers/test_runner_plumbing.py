@@ -27,11 +27,12 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 UPDATE_EVERY = 5
 
 
-def linear_train(spec, *, model_dir, mode, rank, world_size, all_reduce, tracker, progress):
+def linear_train(spec, *, model_dir, mode, rank, world_size, all_reduce, tracker, progress,
+                 device):
     """The contract of workers.train.train on a least-squares model: each rank takes its slice
     of the same seeded global batch, gradients are averaged, a top-k "mask" is recomputed every
     UPDATE_EVERY steps, rank 0 checkpoints, and a restart resumes from the newest checkpoint."""
-    del mode
+    del mode, device
     global_batch = spec.train_input.batch_size
     local = global_batch // world_size
     weight = torch.zeros(16, dtype=torch.float64)

@@ -271,7 +271,7 @@ def test_cli_run_names_differ_per_params_file():
 
 @pytest.mark.slow
 def test_one_and_two_system_runs_are_recorded_alike(tmp_path, monkeypatch, capsys, ray_session):
-    """`csx run` on 1 system (in process) and on 2 (Ray): the same tags, params and summary
+    """`csx run` on 1 system and on 2 (the same worker group): the same tags, params and summary
     keys, `csx.num_csx` and `num_csx` saying which, and each run named after its file."""
     import json
 

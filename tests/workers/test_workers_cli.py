@@ -1,5 +1,6 @@
 """`csx run --validate_only`, `csx run` on one system, `csx finalize` round trip, plan errors."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -65,13 +66,16 @@ def test_plan_counts_and_unmatched_group():
         validate_plan(nothing, num_csx=1)
 
 
-def test_run_then_finalize_round_trip(tmp_path, capsys):
+def test_run_then_finalize_round_trip(tmp_path, capsys, ray_session):
     params = tmp_path / "job.yaml"
     params.write_text(RUN_SPEC)
     model_dir = tmp_path / "run"
-    assert cli.main(["run", "--params", str(params), "--model_dir", str(model_dir)]) == 0
+    assert cli.main(["run", "--params", str(params), "--model_dir", str(model_dir),
+                     "--cpus_per_csx", "1"]) == 0
     captured = capsys.readouterr()
     assert "step 4/4" in captured.err and "tok/s" in captured.err  # plain lines off a TTY
+    summary = json.loads(captured.out)  # one system through the worker group, as the flag says
+    assert summary["cpus_per_csx"] == 1 and [w["threads"] for w in summary["workers"]] == [1]
     trained = model_dir / "checkpoint_4.mdl"
     out, csr = tmp_path / "final.mdl", tmp_path / "final.npz"
     assert cli.main(["finalize", "--input", str(trained), "--output", str(out), "--csr", str(csr)]) == 0

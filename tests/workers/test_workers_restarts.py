@@ -16,7 +16,7 @@ import sparsity
 from workers import cli
 from workers.checkpoint import checkpoint_path, load_checkpoint
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("ray_session")  # `csx run` trains on the session's Ray
 BASE = """
 train_input: {batch_size: 4, max_sequence_length: 16}
 eval_input: {batch_size: 4, max_sequence_length: 16}

@@ -38,7 +38,8 @@ another one schedules this database is healthy: it serves the API.
 @router.get("/cluster", response_model=ClusterPublic)
 def cluster(session: SessionDep, user: CurrentUser, settings: SettingsDep) -> ClusterPublic:
     held = crud.held_systems(session)
-    systems = [ClusterSystem(id=i, job_id=held.get(i)) for i in range(settings.cluster_size)]
-    return ClusterPublic(size=settings.cluster_size, free=settings.cluster_size - len(held),
+    size = settings.systems
+    systems = [ClusterSystem(id=i, job_id=held.get(i)) for i in range(size)]
+    return ClusterPublic(size=size, free=size - len(held),
                          paused=settings.paused, queued=crud.queued_count(session),
                          systems=systems)

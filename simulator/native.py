@@ -90,8 +90,7 @@ class KernelLibrary:
             getattr(self._lib, f"csx_spmm_{suffix}").argtypes = [
                 ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32]
             getattr(self._lib, f"csx_sddmm_{suffix}").argtypes = [
-                ptr, ptr, i64, i64, ptr, ptr, i64, ptr, i32]
-            getattr(self._lib, f"csx_sddmm_{suffix}").restype = ctypes.c_int
+                ptr, ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i32]
 
     @staticmethod
     def threads_for(work: int) -> int:
@@ -183,19 +182,20 @@ class KernelLibrary:
         return buffer.numel() * 4 * reps / best / 1e9
 
     def sddmm(self, indptr: torch.Tensor, cols: torch.Tensor, in_features: int,
-              packed_grad: torch.Tensor, packed_x: torch.Tensor,
+              packed_grad: torch.Tensor, packed_x: torch.Tensor, dense: bool = False,
               threads: int | None = None) -> torch.Tensor:
-        """Gᵀ X at the non-zeros of the CSR pattern (indptr, cols), 0 elsewhere: a dense
-        [rows, in_features] tensor, for G and X packed by :meth:`pack`."""
+        """Gᵀ X at the non-zeros of the CSR pattern (indptr, cols), for G and X packed by
+        :meth:`pack`: the values in CSR order ([nnz]), or with dense=True a dense
+        [rows, in_features] tensor holding them, 0 elsewhere."""
         rows = indptr.numel() - 1
-        out = torch.empty(rows, in_features, dtype=packed_x.dtype)
-        failed = self._fn("sddmm", packed_x.dtype)(
+        vals = torch.empty(cols.numel(), dtype=packed_x.dtype)
+        grad = torch.empty(rows, in_features, dtype=packed_x.dtype) if dense else None
+        self._fn("sddmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), rows, in_features, packed_grad.data_ptr(),
-            packed_x.data_ptr(), packed_x.shape[0], out.data_ptr(),
+            packed_x.data_ptr(), packed_x.shape[0], vals.data_ptr(),
+            None if grad is None else grad.data_ptr(),
             threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
-        if failed:
-            raise MemoryError(f"csx_sddmm: no memory for the sums of {cols.numel()} non-zeros")
-        return out
+        return vals if grad is None else grad
 
 
 def _prefix_sum(counts: torch.Tensor) -> torch.Tensor:

@@ -72,9 +72,13 @@ def test_kernels_match_dense_products_for_any_thread_split(p):
     grad_x = KERNELS.spmm(s.indptr_t, s.cols_t, vals_t, None, s.shape[0], packed_grad, tokens,
                           threads=threads)
     torch.testing.assert_close(grad_x, grad_y @ weight, **tolerance(p["dtype"]))
-    grad_w = KERNELS.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x, threads=threads)
+    grad_w = KERNELS.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x, dense=True,
+                           threads=threads)
     torch.testing.assert_close(grad_w, (grad_y.t() @ x) * mask, **tolerance(p["dtype"]))
     assert not grad_w[~mask].any(), "the sampled weight gradient is exactly 0 off the mask"
+    grad_values = KERNELS.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x,
+                                threads=threads)
+    assert torch.equal(grad_values, grad_w.view(-1)[s.flat_index]), "the same sums, CSR order"
 
 
 @settings(max_examples=40, deadline=None)
@@ -141,7 +145,7 @@ def test_avx2_and_baseline_builds_give_the_native_builds_results(p):
                          threads=p["threads"]),
             kernels.spmm(s.indptr_t, s.cols_t, kernels.gather(vals, s.transpose_order), None,
                          s.shape[0], packed_grad, p["tokens"], threads=p["threads"]),
-            kernels.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x,
+            kernels.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x, dense=True,
                           threads=p["threads"])])
     expected = [x @ weight.t() + bias, grad_y @ weight, (grad_y.t() @ x) * mask]
     for native, *others, reference in zip(*results, expected):

@@ -159,8 +159,7 @@ class CSRLinearFunction(torch.autograd.Function):
         sampled_w = need_w and not ctx.dense_grad
         grad_x = grad_w = grad_b = None
         if ctx.backend == "native":
-            packed_grad = (ctx.kernels.pack(grad_y, scratch=True) if need_x or sampled_w
-                           else None)
+            packed_grad = ctx.kernels.pack(grad_y) if need_x or sampled_w else None
             if need_x:
                 grad_x = native_input_grad(ctx.kernels, structure, vals, packed_grad,
                                            grad_y.shape[0])
@@ -276,7 +275,7 @@ def native_kernel_calls(kernels: KernelLibrary, structure: CSRStructure, weight:
         "forward": lambda: native_forward(
             kernels, structure, weight_values(kernels, structure, weight), None, x),
         "input_grad": lambda: native_input_grad(
-            kernels, structure, vals, kernels.pack(grad_y, scratch=True), grad_y.shape[0]),
+            kernels, structure, vals, kernels.pack(grad_y), grad_y.shape[0]),
         "weight_grad": lambda: native_weight_grad(kernels, structure, packed_grad, packed_x,
                                                   dense=True),
     }

@@ -37,8 +37,14 @@ COMPILE_TIMEOUT_S = 120
 # Handing work to another thread costs microseconds, about this many multiply-adds: smaller
 # calls run on the calling thread alone.
 WORK_PER_EXTRA_THREAD = 1 << 18
-# Scratch pack buffers kept per thread (distinct shapes: about one per layer shape).
-SCRATCH_BUFFERS = 8
+# Kernel outputs (Y, dX, packed activations, values, weight gradients) come from a pool of
+# buffers that nothing outside the pool references any more, instead of fresh tensors: fresh
+# pages fault on first touch, measured 14 ms for a 32 MiB Y on a 2-core VM (4096 outputs x 2048
+# tokens), as long as the forward kernel itself takes at 97% sparsity. The pool keeps at most
+# POOLED_PER_SHAPE buffers of a shape (as many as are alive at once, e.g. one per layer of that
+# shape during a forward pass, up to that bound) for the POOLED_SHAPES shapes used last.
+POOLED_PER_SHAPE = 16
+POOLED_SHAPES = 32
 SUFFIX_BY_DTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
 _build_lock = threading.Lock()
@@ -71,12 +77,42 @@ def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
             os.unlink(tmp_name)
 
 
+class BufferPool:
+    """Reusable output buffers. :meth:`take` hands out a tensor over the memory of a pooled
+    buffer that no tensor refers to any more (a new tensor object, not a view, so autograd may
+    adopt it as a gradient without copying), else a new buffer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # (shape, dtype) -> [(memory, its reference count while no tensor uses it)]. The pool
+        # holds each memory's one Python storage object for good: torch counts a storage
+        # object's reference only while it has one, so a storage object made and dropped
+        # in between (x.untyped_storage()) would move the count.
+        self._buffers: dict[tuple, list[tuple[torch.UntypedStorage, int]]] = {}
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        key = (tuple(shape), dtype)
+        with self._lock:
+            buffers = self._buffers.pop(key, [])
+            self._buffers[key] = buffers  # most recently used last
+            if len(self._buffers) > POOLED_SHAPES:
+                self._buffers.pop(next(iter(self._buffers)))
+            for memory, idle_refs in buffers:
+                if torch._C._storage_Use_Count(memory._cdata) == idle_refs:
+                    return torch.empty(0, dtype=dtype).set_(memory, 0, shape)
+            if len(buffers) >= POOLED_PER_SHAPE:
+                return torch.empty(shape, dtype=dtype)
+            memory = torch.empty(shape, dtype=dtype).untyped_storage()
+            buffers.append((memory, torch._C._storage_Use_Count(memory._cdata)))
+            return torch.empty(0, dtype=dtype).set_(memory, 0, shape)
+
+
 class KernelLibrary:
     """Typed wrappers around the compiled kernels. Tensors must be contiguous CPU tensors."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._scratch = threading.local()
+        self.pool = BufferPool()
         self._lib = ctypes.CDLL(str(path))
         self.block_tokens: int = self._lib.csx_block_tokens()
         ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -105,31 +141,16 @@ class KernelLibrary:
 
     def gather(self, source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """source.view(-1)[index] for a contiguous source and an int64 index."""
-        out = torch.empty(index.numel(), dtype=source.dtype)
+        out = self.pool.take((index.numel(),), source.dtype)
         self._fn("gather", source.dtype)(source.data_ptr(), index.data_ptr(), index.numel(),
                                          out.data_ptr())
         return out
 
-    def pack(self, x: torch.Tensor, scratch: bool = False,
-             threads: int | None = None) -> torch.Tensor:
-        """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded.
-
-        scratch=True packs into this thread's reusable buffer of that shape, valid until its
-        next scratch pack of the same shape: for a pack used only within one call (the
-        upstream gradient in backward). Fresh pages cost more than the pack itself on some
-        machines (first-touch faults, measured 2x at 8 MiB on a 2-core VM)."""
+    def pack(self, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+        """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded."""
         tokens, features = x.shape
         blocks = -(-tokens // self.block_tokens)
-        shape = (blocks, features, self.block_tokens)
-        if scratch:
-            buffers = self._scratch.__dict__.setdefault("buffers", {})
-            packed = buffers.get((shape, x.dtype))
-            if packed is None:
-                if len(buffers) >= SCRATCH_BUFFERS:
-                    buffers.pop(next(iter(buffers)))  # oldest shape first
-                packed = buffers[(shape, x.dtype)] = torch.empty(shape, dtype=x.dtype)
-        else:
-            packed = torch.empty(shape, dtype=x.dtype)
+        packed = self.pool.take((blocks, features, self.block_tokens), x.dtype)
         self._fn("pack", x.dtype)(x.data_ptr(), tokens, features, packed.data_ptr(),
                                   threads or self.threads_for(x.numel()))
         return packed
@@ -141,7 +162,7 @@ class KernelLibrary:
         vals) and X packed by :meth:`pack` from `tokens` tokens. `threads` overrides the
         count chosen from the work (tests use it to split small problems)."""
         rows = indptr.numel() - 1
-        out = torch.empty(tokens, rows, dtype=packed_x.dtype)
+        out = self.pool.take((tokens, rows), packed_x.dtype)
         self._fn("spmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), vals.data_ptr(),
             None if bias is None else bias.data_ptr(), rows, in_features,
@@ -188,8 +209,8 @@ class KernelLibrary:
         :meth:`pack`: the values in CSR order ([nnz]), or with dense=True a dense
         [rows, in_features] tensor holding them, 0 elsewhere."""
         rows = indptr.numel() - 1
-        vals = torch.empty(cols.numel(), dtype=packed_x.dtype)
-        grad = torch.empty(rows, in_features, dtype=packed_x.dtype) if dense else None
+        vals = self.pool.take((cols.numel(),), packed_x.dtype)
+        grad = self.pool.take((rows, in_features), packed_x.dtype) if dense else None
         self._fn("sddmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), rows, in_features, packed_grad.data_ptr(),
             packed_x.data_ptr(), packed_x.shape[0], vals.data_ptr(),

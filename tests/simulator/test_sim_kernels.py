@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from simulator.csr import CSRStructure, _csr_arrays, csr_linear
 from pathlib import Path
 
-from simulator.native import build_kernels, load_kernels
+from simulator.native import POOLED_PER_SHAPE, BufferPool, build_kernels, load_kernels
 
 KERNELS = load_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="the C kernels did not build")
@@ -166,16 +166,45 @@ def test_pack_is_the_zero_padded_token_blocked_layout(tokens, features, threads,
     assert torch.equal(KERNELS.pack(x, threads=threads), expected)
 
 
-def test_scratch_pack_reuses_one_buffer_per_shape_and_fresh_packs_do_not():
-    a, b = torch.randn(70, 24), torch.randn(70, 24)
-    first = KERNELS.pack(a, scratch=True)
-    first_copy = first.clone()
-    second = KERNELS.pack(b, scratch=True)
-    assert second.data_ptr() == first.data_ptr()
-    assert torch.equal(second, KERNELS.pack(b)) and not torch.equal(second, first_copy)
-    fresh = KERNELS.pack(a)
-    KERNELS.pack(b, scratch=True)
-    assert torch.equal(fresh, first_copy), "a fresh pack is never overwritten by a scratch pack"
+def test_pool_reuses_a_buffer_only_once_nothing_outside_refers_to_it():
+    pool = BufferPool()
+    first = pool.take((70, 24), torch.float32)
+    address = first.data_ptr()
+    view = first[3:]
+    del first
+    held = pool.take((70, 24), torch.float32)
+    assert held.data_ptr() != address, "a view of the first buffer still refers to it"
+    del view
+    held.untyped_storage()  # a storage object made and dropped leaves the count as it was
+    again = pool.take((70, 24), torch.float32)
+    assert again.data_ptr() == address and again._base is None
+    assert pool.take((24, 70), torch.float32).data_ptr() not in (address, held.data_ptr())
+    kept = [pool.take((5,), torch.float64) for _ in range(POOLED_PER_SHAPE + 1)]
+    del kept[-1]  # past the bound: a plain tensor, never handed out again
+    assert pool.take((5,), torch.float64).data_ptr() not in {t.data_ptr() for t in kept}
+
+
+@pytest.mark.parametrize("as_values", [False, True], ids=["dense-weight", "values"])
+def test_weight_gradient_is_adopted_without_a_copy_and_its_memory_reused(as_values):
+    """Autograd takes the pooled gradient as .grad itself (no copy); once the optimizer sets
+    .grad to None, the next backward writes into the same memory (no fresh pages)."""
+    mask = torch.rand(64, 48, generator=torch.Generator().manual_seed(0)) < 0.3
+    structure = CSRStructure.from_mask(mask)
+    dense = torch.randn(64, 48) * mask
+    weight = (KERNELS.gather(dense, structure.flat_index).clone() if as_values
+              else dense).requires_grad_(True)
+    x, upstream = torch.randn(70, 48), torch.randn(70, 64)
+    addresses = []
+    for _ in range(3):
+        weight.grad = None
+        csr_linear(x, weight, None, structure, backend="native").backward(upstream)
+        addresses.append(weight.grad.data_ptr())
+    pooled = {memory.data_ptr() for buffers in KERNELS.pool._buffers.values()
+              for memory, _ in buffers}
+    assert len(set(addresses)) == 1 and addresses[0] in pooled
+    expected = (upstream.t() @ x) * mask
+    torch.testing.assert_close(weight.grad, expected.view(-1)[structure.flat_index] if as_values
+                               else expected, rtol=1e-5, atol=1e-5)
 
 
 @given(n=st.integers(0, 500), seed=st.integers(0, 100))

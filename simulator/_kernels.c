@@ -173,6 +173,8 @@ typedef struct {
     int64_t blocks, tokens; /* token blocks; real tokens */
     int64_t rows;           /* rows of W (spmm, sddmm) */
     int by_blocks;          /* spmm: begin/end are token blocks (of every row), not rows */
+    int thread;             /* this share's index, 0 .. threads - 1 */
+    void *partial;          /* pack: per-thread column sums, [threads, features], or NULL */
 } work_t;
 
 /* Ranges [bounds[i], bounds[i+1]) of `units`: equal non-zeros per thread when indptr is given,
@@ -192,9 +194,9 @@ static void split(const int32_t *indptr, int64_t units, int threads, int64_t *bo
     }
 }
 
-/* Runs fn on every thread's share. */
-static void run_threads(void (*fn)(const work_t *), const work_t *proto, const int32_t *indptr,
-                        int64_t units, int threads) {
+/* Runs fn on every thread's share; returns the number of shares. */
+static int run_threads(void (*fn)(const work_t *), const work_t *proto, const int32_t *indptr,
+                       int64_t units, int threads) {
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > units) threads = (int)units;
     if (threads < 1) threads = 1;
@@ -205,9 +207,11 @@ static void run_threads(void (*fn)(const work_t *), const work_t *proto, const i
         work[i] = *proto;
         work[i].begin = bounds[i];
         work[i].end = bounds[i + 1];
+        work[i].thread = i;
     }
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
     for (int i = 0; i < threads; i++) fn(&work[i]);
+    return threads;
 }
 
 #define DEFINE_KERNELS(T, S, I)                                                                   \
@@ -242,6 +246,9 @@ static void run_threads(void (*fn)(const work_t *), const work_t *proto, const i
         const T *x = (const T *)w->src;                                                           \
         T *xb = (T *)w->out;                                                                      \
         const int64_t n = w->features;                                                            \
+        T *sums = w->partial ? (T *)w->partial + w->thread * n : 0;                               \
+        if (sums)                                                                                 \
+            for (int64_t c = 0; c < n; c++) sums[c] = 0;                                          \
         for (int64_t b = w->begin; b < w->end; b++) {                                             \
             T *dst = xb + b * n * BLOCK;                                                          \
             const T *src = x + b * BLOCK * n;                                                     \
@@ -253,14 +260,21 @@ static void run_threads(void (*fn)(const work_t *), const work_t *proto, const i
                         vec_##S v[LANES_##S];                                                     \
                         for (int j = 0; j < LANES_##S; j++)                                       \
                             v[j] = *(const vec_##S *)(src + (j0 + j) * n + c0);                   \
+                        if (sums) { /* the rows as loaded: LANES columns per vector add */        \
+                            vec_##S total = v[0];                                                 \
+                            for (int j = 1; j < LANES_##S; j++) total += v[j];                    \
+                            *(vec_##S *)(sums + c0) += total;                                     \
+                        }                                                                         \
                         transpose_##S(v);                                                         \
                         for (int c = 0; c < LANES_##S; c++)                                       \
                             *(vec_##S *)(dst + (c0 + c) * BLOCK + j0) = v[c];                     \
                         continue;                                                                 \
                     }                                                                             \
                     for (int64_t j = j0; j < j0 + LANES_##S; j++)                                 \
-                        for (int64_t c = c0; c < c1; c++)                                         \
+                        for (int64_t c = c0; c < c1; c++) {                                       \
                             dst[c * BLOCK + j] = j < valid ? src[j * n + c] : (T)0;               \
+                            if (sums && j < valid) sums[c] += src[j * n + c];                     \
+                        }                                                                         \
                 }                                                                                 \
             }                                                                                     \
         }                                                                                         \
@@ -388,11 +402,19 @@ static void run_threads(void (*fn)(const work_t *), const work_t *proto, const i
         for (int64_t k = 0; k < n; k++) out[k] = src[index[k]];                                   \
     }                                                                                             \
                                                                                                   \
-    void csx_pack_##S(const T *x, int64_t tokens, int64_t features, T *xb, int threads) {         \
+    /* With `sums`, also the column sums of x (the bias gradient when x is the upstream           \
+     * gradient: no second pass over it), summed per thread in `partial` ([threads, features])    \
+     * and then over the threads in order. */                                                     \
+    void csx_pack_##S(const T *x, int64_t tokens, int64_t features, T *xb, T *sums,               \
+                      T *partial, int threads) {                                                  \
         const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
-        const work_t proto = {.src = x, .out = xb, .features = features, .blocks = blocks,       \
-                              .tokens = tokens};                                                  \
-        run_threads(pack_worker_##S, &proto, 0, blocks, threads);                                 \
+        const work_t proto = {.src = x, .out = xb, .features = features, .blocks = blocks,        \
+                              .tokens = tokens, .partial = sums ? partial : 0};                   \
+        const int used = run_threads(pack_worker_##S, &proto, 0, blocks, threads);                \
+        if (!sums) return;                                                                        \
+        for (int64_t c = 0; c < features; c++) sums[c] = 0;                                       \
+        for (int i = 0; i < used; i++)                                                            \
+            for (int64_t c = 0; c < features; c++) sums[c] += partial[i * features + c];          \
     }                                                                                             \
                                                                                                   \
     void csx_spmm_##S(const int32_t *indptr, const int32_t *cols, const T *vals, const T *bias,   \

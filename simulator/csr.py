@@ -156,17 +156,20 @@ class CSRLinearFunction(torch.autograd.Function):
         structure: CSRStructure = ctx.structure
         grad_y = grad_y.contiguous()
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = ctx.has_bias and ctx.needs_input_grad[2]
         sampled_w = need_w and not ctx.dense_grad
         grad_x = grad_w = grad_b = None
-        if ctx.backend == "native":
-            packed_grad = ctx.kernels.pack(grad_y) if need_x or sampled_w else None
+        if ctx.backend == "native" and (need_x or sampled_w):
+            # the bias gradient is dY's column sums, taken while packing dY (one pass less)
+            packed = ctx.kernels.pack(grad_y, column_sums=need_b)
+            packed_grad, grad_b = packed if need_b else (packed, None)
             if need_x:
                 grad_x = native_input_grad(ctx.kernels, structure, vals, packed_grad,
                                            grad_y.shape[0])
             if sampled_w:
                 grad_w = native_weight_grad(ctx.kernels, structure, packed_grad, packed_x,
                                             dense=not ctx.values_given)
-        else:
+        elif ctx.backend == "torch":
             if need_x:
                 vals_t = vals.index_select(0, structure.transpose_order)
                 wt_csr = _csr_tensor(structure.indptr_t, structure.cols_t, vals_t,
@@ -181,7 +184,7 @@ class CSRLinearFunction(torch.autograd.Function):
                     grad_w = dense_weight(structure, grad_w)
         if need_w and ctx.dense_grad:
             grad_w = grad_y.t().mm(x)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if need_b and grad_b is None:
             grad_b = grad_y.sum(0)
         return grad_x, grad_w, grad_b, None, None, None
 

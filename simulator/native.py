@@ -121,7 +121,8 @@ class KernelLibrary:
         self._lib.csx_read_bandwidth_probe.argtypes = [ptr, i64, i64]
         self._lib.csx_read_bandwidth_probe.restype = ctypes.c_float
         for suffix in SUFFIX_BY_DTYPE.values():
-            getattr(self._lib, f"csx_pack_{suffix}").argtypes = [ptr, i64, i64, ptr, i32]
+            getattr(self._lib, f"csx_pack_{suffix}").argtypes = [ptr, i64, i64, ptr, ptr, ptr,
+                                                                  i32]
             getattr(self._lib, f"csx_gather_{suffix}").argtypes = [ptr, ptr, i64, ptr]
             getattr(self._lib, f"csx_spmm_{suffix}").argtypes = [
                 ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32]
@@ -146,14 +147,23 @@ class KernelLibrary:
                                          out.data_ptr())
         return out
 
-    def pack(self, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
-        """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded."""
+    def pack(self, x: torch.Tensor, threads: int | None = None,
+             column_sums: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded;
+        with column_sums=True also ``x.sum(0)`` (the bias gradient of an upstream gradient x),
+        summed while packing: (packed, sums)."""
         tokens, features = x.shape
         blocks = -(-tokens // self.block_tokens)
         packed = self.pool.take((blocks, features, self.block_tokens), x.dtype)
+        threads = threads or self.threads_for(x.numel())
+        sums = partial = None
+        if column_sums:
+            sums = self.pool.take((features,), x.dtype)
+            partial = self.pool.take((threads, features), x.dtype)
         self._fn("pack", x.dtype)(x.data_ptr(), tokens, features, packed.data_ptr(),
-                                  threads or self.threads_for(x.numel()))
-        return packed
+                                  None if sums is None else sums.data_ptr(),
+                                  None if partial is None else partial.data_ptr(), threads)
+        return packed if sums is None else (packed, sums)
 
     def spmm(self, indptr: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor,
              bias: torch.Tensor | None, in_features: int, packed_x: torch.Tensor,

@@ -156,7 +156,7 @@ def test_avx2_and_baseline_builds_give_the_native_builds_results(p):
 
 @settings(max_examples=30, deadline=None)
 @given(tokens=TOKENS, features=SIZES, threads=st.integers(1, 4), dtype=DTYPES)
-def test_pack_is_the_zero_padded_token_blocked_layout(tokens, features, threads, dtype):
+def test_pack_is_the_zero_padded_token_blocked_layout_and_sums_columns(tokens, features, threads, dtype):
     x = torch.randn(tokens, features, dtype=dtype)
     block = KERNELS.block_tokens
     blocks = -(-tokens // block)
@@ -164,6 +164,9 @@ def test_pack_is_the_zero_padded_token_blocked_layout(tokens, features, threads,
     padded[:tokens] = x
     expected = padded.view(blocks, block, features).transpose(1, 2)
     assert torch.equal(KERNELS.pack(x, threads=threads), expected)
+    packed, sums = KERNELS.pack(x, threads=threads, column_sums=True)
+    assert torch.equal(packed, expected)
+    torch.testing.assert_close(sums, x.sum(0), **tolerance(dtype))
 
 
 def test_pool_reuses_a_buffer_only_once_nothing_outside_refers_to_it():

@@ -14,6 +14,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import math
 import os
 import platform
 import shutil
@@ -45,6 +46,10 @@ WORK_PER_EXTRA_THREAD = 1 << 18
 # shape during a forward pass, up to that bound) for the POOLED_SHAPES shapes used last.
 POOLED_PER_SHAPE = 16
 POOLED_SHAPES = 32
+# Smaller outputs are plain tensors: malloc serves them from memory already mapped (glibc maps
+# fresh pages only from 128 KiB up), and the pool's bookkeeping, microseconds per buffer, would
+# be most of a small layer's call.
+POOLED_MIN_BYTES = 128 * 1024
 SUFFIX_BY_DTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
 _build_lock = threading.Lock()
@@ -80,9 +85,11 @@ def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
 class BufferPool:
     """Reusable output buffers. :meth:`take` hands out a tensor over the memory of a pooled
     buffer that no tensor refers to any more (a new tensor object, not a view, so autograd may
-    adopt it as a gradient without copying), else a new buffer."""
+    adopt it as a gradient without copying), else a new buffer; buffers under `min_bytes` are
+    never pooled."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_bytes: int = 0) -> None:
+        self.min_bytes = min_bytes
         self._lock = threading.Lock()
         # (shape, dtype) -> [(memory, its reference count while no tensor uses it)]. The pool
         # holds each memory's one Python storage object for good: torch counts a storage
@@ -91,6 +98,8 @@ class BufferPool:
         self._buffers: dict[tuple, list[tuple[torch.UntypedStorage, int]]] = {}
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if math.prod(shape) * dtype.itemsize < self.min_bytes:
+            return torch.empty(shape, dtype=dtype)
         key = (tuple(shape), dtype)
         with self._lock:
             buffers = self._buffers.pop(key, [])
@@ -112,7 +121,7 @@ class KernelLibrary:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.pool = BufferPool()
+        self.pool = BufferPool(POOLED_MIN_BYTES)
         self._lib = ctypes.CDLL(str(path))
         self.block_tokens: int = self._lib.csx_block_tokens()
         ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int

@@ -185,18 +185,22 @@ def test_pool_reuses_a_buffer_only_once_nothing_outside_refers_to_it():
     kept = [pool.take((5,), torch.float64) for _ in range(POOLED_PER_SHAPE + 1)]
     del kept[-1]  # past the bound: a plain tensor, never handed out again
     assert pool.take((5,), torch.float64).data_ptr() not in {t.data_ptr() for t in kept}
+    small = BufferPool(min_bytes=64)
+    assert small.take((15,), torch.float32) is not small.take((16,), torch.float32)
+    assert list(small._buffers) == [((16,), torch.float32)], "60 bytes: a plain tensor"
 
 
 @pytest.mark.parametrize("as_values", [False, True], ids=["dense-weight", "values"])
 def test_weight_gradient_is_adopted_without_a_copy_and_its_memory_reused(as_values):
     """Autograd takes the pooled gradient as .grad itself (no copy); once the optimizer sets
     .grad to None, the next backward writes into the same memory (no fresh pages)."""
-    mask = torch.rand(64, 48, generator=torch.Generator().manual_seed(0)) < 0.3
+    # sizes past POOLED_MIN_BYTES: values of 256 x 192 x 0.9 floats
+    mask = torch.rand(256, 192, generator=torch.Generator().manual_seed(0)) < 0.9
     structure = CSRStructure.from_mask(mask)
-    dense = torch.randn(64, 48) * mask
+    dense = torch.randn(256, 192) * mask
     weight = (KERNELS.gather(dense, structure.flat_index).clone() if as_values
               else dense).requires_grad_(True)
-    x, upstream = torch.randn(70, 48), torch.randn(70, 64)
+    x, upstream = torch.randn(70, 192), torch.randn(70, 256)
     addresses = []
     for _ in range(3):
         weight.grad = None

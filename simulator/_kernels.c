@@ -6,7 +6,8 @@
  * block sit contiguously, so the block a row reads stays in L2 without cache-set conflicts.
  * All work is O(nnz * tokens) plus O((rows + cols) * tokens) for packing.
  *
- *   pack:   Xb[b, c, j] = X[b*BLOCK + j, c]            (0 past the last token)
+ *   pack:   Xb[b, c, j] = X[b*BLOCK + j, c]            (0 past the last token), and on request
+ *           sums[c] = sum_t X[t, c] (the bias gradient, when X is the upstream gradient)
  *   spmm:   Y[b*BLOCK + j, r] = bias[r] + sum_{k in row r} vals[k] * Xb[b, cols[k], j]
  *           (Y = X A^T for the CSR matrix A: W for the forward, W^T for the input gradient).
  *           The values are a contiguous array in CSR order: every token block re-reads them,

@@ -2,13 +2,21 @@
 
 Compared side by side in one run, per weight shape, token count, sparsity and thread count:
   masked dense   F.linear(x, W * mask) with autograd (what training without the fabric does)
-  csr (fabric)   simulator.csr_linear, native C kernels (the layer compile() installs)
+  csr (fabric)   simulator.csr_linear, native C kernels, on the dense W (the layer compile()
+                 installs): the values gathered from W and a dense dW written every call
+  csr values     the same over W's values in CSR order ("weights as values"): no gather, the
+                 weight gradient as values (no dense dW)
   torch sparse   the same autograd function on torch.sparse.mm + torch.sparse.sampled_addmm
   scipy          scipy.sparse CSR products (+ a chunked sampled dW), when scipy is installed
   csr_before     with --before COMMIT: that commit's simulator (its csr_linear and kernels,
                  loaded from git as a separate package) in the same run, for a before/after
-Targets (issue 25): min over shapes, token counts and thread counts, csr >= 6x masked dense at
-90% sparsity and >= 16x at 97% (the FLOP limit is 10x and 33x). Times are medians of
+Targets (issue 35): min over shapes, token counts and thread counts, csr >= 4.5x masked dense at
+90% sparsity and >= 10x at 97% (stretch 6x / 14x; the FLOP limit is 10x and 33x). Per shape,
+token count and thread count, each CSR variant's times from 90% sparsity up are fitted as
+time = a + b · density: `a`, the fixed cost that does not shrink with sparsity (printed as a
+share of the masked dense step; the issue asks for <= 4%), and the marginal rate 6 · tokens ·
+in · out / b (GFLOP/s of a fully dense pattern at the kernels' rate per non-zero); masked dense
+/ a is the most any kernel speed could give. Times are medians of
 interleaved runs; with one thread they are the calling thread's CPU time (all work runs on it),
 which other processes on a shared machine disturb far less than wall time; with more threads,
 wall time. Writes bench/results/csr_linear.json.
@@ -36,7 +44,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
 from simulator.crossover import calibrate  # noqa: E402
-from simulator.csr import CSRStructure, csr_linear  # noqa: E402
+from simulator.csr import CSRStructure, csr_linear, weight_values  # noqa: E402
 from simulator.native import ARCH_ENV, NATIVE_ARCH, load_kernels  # noqa: E402
 
 try:
@@ -48,7 +56,9 @@ except ImportError:  # scipy is optional: its column is left out
 SHAPES = [(1024, 1024), (4096, 1024)]
 TOKENS = [512, 2048]
 SPARSITIES = [0.5, 0.8, 0.9, 0.95, 0.97, 0.99]
-TARGETS = {0.9: 6.0, 0.97: 16.0}
+TARGETS = {0.9: 4.5, 0.97: 10.0}
+FIT_FROM = 0.9  # the fit's sparsities: where the targets are, and time is linear in density
+CSR_VARIANTS = ("csr", "csr_values", "csr_before")
 # torch sparse and scipy take seconds per call at low sparsity; they are timed from here up
 # so that the default run stays within about three minutes.
 SLOW_BASELINES_FROM = 0.9
@@ -57,13 +67,14 @@ RESULTS = Path(__file__).resolve().parent / "results" / "csr_linear.json"
 
 def load_before(commit: str):
     """`commit`'s simulator.csr as the package `simulator_before` (its files from git, the
-    imports between them renamed), so both versions' kernels run in one process; with
-    $CSX_KERNEL_ARCH set, both are built for that target."""
+    imports between them renamed; also its layers, for ``simulator_before.layers``), so both
+    versions' kernels run in one process; with $CSX_KERNEL_ARCH set, both are built for that
+    target."""
     root = Path(tempfile.mkdtemp(prefix="csx-before-"))
     package = root / "simulator_before"
     package.mkdir()
     repo = Path(__file__).resolve().parents[1]
-    for name in ("__init__.py", "csr.py", "native.py", "_kernels.c"):
+    for name in ("__init__.py", "csr.py", "native.py", "_kernels.c", "crossover.py", "layers.py"):
         text = subprocess.run(["git", "show", f"{commit}:simulator/{name}"], cwd=repo,
                               check=True, capture_output=True, text=True).stdout
         if name == "__init__.py":
@@ -83,6 +94,7 @@ def dense_step(x, weight, mask, upstream):
 
 
 def csr_step(x, weight, structure, upstream, backend):
+    """One forward + backward; `weight` is the dense W or its values in CSR order."""
     x.grad = weight.grad = None
     csr_linear(x, weight, None, structure, backend=backend).backward(upstream)
 
@@ -123,7 +135,9 @@ def bench_case(out_f, in_f, tokens, sparsity, reps, with_scipy, before=None):
     x = torch.randn(tokens, in_f, generator=gen).requires_grad_(True)
     upstream = torch.randn(tokens, out_f, generator=gen)
     structure = CSRStructure.from_mask(mask)
-    fns = {"csr": lambda: csr_step(x, weight, structure, upstream, "auto")}
+    values = weight_values(load_kernels(), structure, weight.detach()).requires_grad_(True)
+    fns = {"csr": lambda: csr_step(x, weight, structure, upstream, "auto"),
+           "csr_values": lambda: csr_step(x, values, structure, upstream, "auto")}
     if before is not None:
         old_structure = before.CSRStructure.from_mask(mask)
 
@@ -143,6 +157,37 @@ def bench_case(out_f, in_f, tokens, sparsity, reps, with_scipy, before=None):
     return times, structure.nnz, structure.build_ms
 
 
+def fixed_cost_fit(group: list[dict], variant: str) -> dict | None:
+    """Least-squares ``time = a + b · density`` of `variant`'s times over the group's
+    sparsities from FIT_FROM up (None with fewer than two): the fixed cost a, its share of the
+    masked dense step, the marginal rate and the cap masked dense / a."""
+    points = [(r["nnz"] / (r["shape"][0] * r["shape"][1]), r[f"{variant}_ms"],
+               r["masked_dense_ms"])
+              for r in group if r["sparsity"] >= FIT_FROM and f"{variant}_ms" in r]
+    if len(points) < 2:
+        return None
+    densities, times, dense = zip(*points)
+    mean_d, mean_t = statistics.fmean(densities), statistics.fmean(times)
+    spread = sum((d - mean_d) ** 2 for d in densities)
+    slope = sum((d - mean_d) * (t - mean_t) for d, t in zip(densities, times)) / spread
+    fixed = mean_t - slope * mean_d
+    masked = statistics.median(dense)
+    (out_f, in_f), tokens = group[0]["shape"], group[0]["tokens"]
+    return {"fixed_ms": fixed, "fixed_share_of_masked_dense": fixed / masked,
+            "ms_per_unit_density": slope,
+            "marginal_gflops": 6 * tokens * in_f * out_f / slope / 1e6 if slope > 0 else None,
+            "cap": masked / fixed if fixed > 0 else None, "masked_dense_ms": masked}
+
+
+def format_fit(variant: str, fit: dict) -> str:
+    rate, cap = fit["marginal_gflops"], fit["cap"]
+    return (f"  fit {variant:10s}: a {fit['fixed_ms']:7.2f} ms "
+            f"({fit['fixed_share_of_masked_dense']:6.1%} of masked dense), b "
+            f"{fit['ms_per_unit_density']:8.1f} ms/density"
+            + (f" ({rate:5.1f} GFLOP/s marginal)" if rate else "")
+            + (f", cap {cap:5.1f}x" if cap else ", cap unbounded"))
+
+
 def crossover(rows: list[dict]) -> float | None:
     """Lowest measured sparsity from which csr beats masked dense at every higher one."""
     beating = [r["csr_speedup"] > 1.0 for r in rows]
@@ -157,6 +202,9 @@ def headline(flat: list[dict], groups: list[dict]) -> dict:
     summary = {f"min_speedup_at_{sparsity}": min(r["csr_speedup"] for r in flat
                                                  if r["sparsity"] == sparsity)
                for sparsity in TARGETS if any(r["sparsity"] == sparsity for r in flat)}
+    summary.update({f"min_values_speedup_at_{sparsity}": min(
+        r["csr_values_speedup"] for r in flat if r["sparsity"] == sparsity)
+        for sparsity in TARGETS if any(r["sparsity"] == sparsity for r in flat)})
     summary.update({f"median_speedup_at_{sparsity}": statistics.median(
         r["csr_speedup"] for r in flat if r["sparsity"] == sparsity)
         for sparsity in TARGETS if any(r["sparsity"] == sparsity for r in flat)})
@@ -176,13 +224,20 @@ def main() -> None:
     parser.add_argument("--before", default=None,
                         help="git commit whose simulator runs side by side (a before/after)")
     parser.add_argument("--sparsities", default=None, help="comma-separated, e.g. 0.9,0.97")
+    parser.add_argument("--reps", type=int, default=None, help="timed runs per case")
+    parser.add_argument("--shapes", default=None, help="comma-separated, e.g. 1024x1024")
+    parser.add_argument("--tokens", default=None, help="comma-separated, e.g. 512,2048")
     args = parser.parse_args()
     before = load_before(args.before) if args.before else None
     tokens_list = [512] if args.quick else TOKENS
     sparsities = [0.5, 0.9, 0.97, 0.99] if args.quick else SPARSITIES
     if args.sparsities:
         sparsities = [float(v) for v in args.sparsities.split(",")]
-    reps = 3 if args.quick else 5
+    if args.tokens:
+        tokens_list = [int(v) for v in args.tokens.split(",")]
+    shapes = SHAPES if not args.shapes else [
+        tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
+    reps = args.reps or (3 if args.quick else 5)
     with_scipy = scipy_sparse is not None and not args.quick
     kernels = load_kernels()
     print(f"native kernels: {kernels.path if kernels else 'unavailable (torch fallback)'}; "
@@ -191,7 +246,7 @@ def main() -> None:
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         calibration = calibrate()
-        for out_f, in_f in SHAPES:
+        for out_f, in_f in shapes:
             for tokens in tokens_list:
                 group = []
                 for sparsity in sparsities:
@@ -203,7 +258,7 @@ def main() -> None:
                            **{f"{k}_ms": v for k, v in times.items()},
                            "csr_rebuild_ms": build_ms,
                            "csr_speedup": dense_ms / times["csr"]}
-                    for baseline in ("torch_sparse", "scipy", "csr_before"):
+                    for baseline in ("torch_sparse", "scipy", "csr_values", "csr_before"):
                         if baseline in times:
                             row[f"{baseline}_speedup"] = dense_ms / times[baseline]
                     target = TARGETS.get(sparsity)
@@ -216,28 +271,34 @@ def main() -> None:
                           f"({row['csr_speedup']:5.2f}x)"
                           + "".join(f" | {b.replace('_', ' ')} {times[b]:7.1f} ms "
                                     f"({row[b + '_speedup']:4.2f}x)"
-                                    for b in ("torch_sparse", "scipy", "csr_before")
+                                    for b in ("torch_sparse", "scipy", "csr_values",
+                                              "csr_before")
                                     if b in times)
                           + ("" if target is None else
-                             f"  target {target:.0f}x: {'ok' if row['meets_target'] else 'MISS'}"),
+                             f"  target {target:g}x: {'ok' if row['meets_target'] else 'MISS'}"),
                           flush=True)
                 measured = crossover(group)
                 predicted = 1.0 - calibration.crossover_density(out_f, in_f, tokens)
                 above = [r for r in group if measured is not None and r["sparsity"] >= measured]
                 per_nnz = [r["csr_ms"] / r["nnz"] * 1e6 for r in above]
+                fits = {variant: fit for variant in CSR_VARIANTS
+                        if (fit := fixed_cost_fit(group, variant)) is not None}
                 groups.append({"shape": [out_f, in_f], "tokens": tokens, "threads": threads,
                                "crossover_sparsity_measured": measured,
                                "crossover_sparsity_predicted": predicted,
-                               "csr_ns_per_nnz_above_crossover": per_nnz})
+                               "csr_ns_per_nnz_above_crossover": per_nnz,
+                               "fixed_cost_fits": fits})
                 print(f"  crossover sparsity: measured {measured}, calibrated rule "
                       f"{predicted:.3f}; csr ns/nnz above it: "
                       + ", ".join(f"{v:.1f}" for v in per_nnz), flush=True)
+                for variant, fit in fits.items():
+                    print(format_fit(variant, fit), flush=True)
                 rows.append(group)
     flat = [row for group in rows for row in group]
     misses = [r for r in flat if r.get("meets_target") is False]
     for key, value in headline(flat, groups).items():
-        if key.startswith(("min_speedup", "median_speedup")):
-            print(f"{key}: {value:.2f}x (target {TARGETS[float(key.rsplit('_', 1)[1])]:.0f}x)")
+        if key.startswith(("min_speedup", "min_values_speedup", "median_speedup")):
+            print(f"{key}: {value:.2f}x (target {TARGETS[float(key.rsplit('_', 1)[1])]:g}x)")
     print(f"targets met: {sum(r.get('meets_target') is True for r in flat)}"
           f"/{sum('target' in r for r in flat)}; misses: "
           + ("none" if not misses else "; ".join(

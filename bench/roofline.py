@@ -20,8 +20,8 @@ with every column index folded into the first FOLD_COLUMNS columns, so every act
 kernels read sits in L1 and nothing else changes (non-zeros per row, packing, outputs). No
 tiling can make the real pattern faster than that. Forward + backward of the three calls, real
 and folded, against the masked dense layer (F.linear over W * mask, forward + backward) gives the
-ratio each reaches: the folded one is the most this kernel design can give (issue 25's
-targets: 6x at 90%, 16x at 97%).
+ratio each reaches: the folded one is the most this kernel design can give (issue 35's
+targets: 4.5x at 90%, 10x at 97%).
 With --before COMMIT, that commit's kernels (loaded as bench/csr_linear.py does) run interleaved
 with these in the same cases, and each row also holds their time and fractions (a before/after
 measured side by side).
@@ -61,7 +61,7 @@ KERNELS = ("forward", "input_grad", "weight_grad")
 BYTES = 4  # float32
 L2_PROBE_BYTES = 512 * 1024  # past any L1, within any L2 of a machine with AVX2
 FOLD_COLUMNS = 8  # 8 activation rows of a 64-token block: 2 KiB, in any L1
-TARGETS = {0.9: 6.0, 0.97: 16.0}
+TARGETS = {0.9: 4.5, 0.97: 10.0}  # issue 35 (stretch 6x / 14x)
 RESULTS = Path(__file__).resolve().parent / "results" / "roofline.json"
 
 

@@ -6,7 +6,8 @@
  * block sit contiguously, so the block a row reads stays in L2 without cache-set conflicts.
  * All work is O(nnz * tokens) plus O((rows + cols) * tokens) for packing.
  *
- *   pack:   Xb[b, c, j] = X[b*BLOCK + j, c]            (0 past the last token)
+ *   pack:   Xb[b, c, j] = X[b*BLOCK + j, c]            (0 past the last token), and on request
+ *           sums[c] = sum_t X[t, c] (the bias gradient, when X is the upstream gradient)
  *   spmm:   Y[b*BLOCK + j, r] = bias[r] + sum_{k in row r} vals[k] * Xb[b, cols[k], j]
  *           (Y = X A^T for the CSR matrix A: W for the forward, W^T for the input gradient).
  *           The values are a contiguous array in CSR order: every token block re-reads them,
@@ -14,10 +15,10 @@
  *           2x slower, a cache line of W per non-zero and block. Rows of a block are computed
  *           one vector's width (LANES) at a time into an L1 tile, transposed in registers and
  *           written token-major (a whole cache line per token): no token-blocked Y in memory.
- *   sddmm:  G[r, cols[k]] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j] for each non-zero k of
- *           row r, and 0 elsewhere in row r: the dense weight gradient, written row by row by
- *           the thread that owns the row (no separate zero fill or scatter pass). Returns
- *           non-zero when a thread's scratch could not be allocated.
+ *   sddmm:  vals[k] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j] for each non-zero k (of row r,
+ *           column cols[k]): the weight gradient as values in CSR order. Given a dense output
+ *           too, also G[r, cols[k]] = vals[k] and 0 elsewhere in row r, written row by row by the
+ *           thread that owns the row (no separate zero fill or scatter pass).
  *
  * Threads come from OpenMP, built with -fopenmp and linked to libgomp.so.1: torch has loaded
  * that library already, so the loader reuses it and these kernels run on torch's own thread
@@ -167,11 +168,14 @@ typedef struct {
     const void *src;   /* Xb for spmm/sddmm, the token-major matrix for pack */
     const void *grad;  /* Gb for sddmm */
     void *out;
+    void *dense;       /* sddmm: the dense gradient to write as well, or NULL */
     int64_t begin, end; /* this thread's rows (spmm, sddmm) or blocks (pack) */
     int64_t features;   /* columns of W (spmm, sddmm) or of the token-major matrix (pack) */
     int64_t blocks, tokens; /* token blocks; real tokens */
     int64_t rows;           /* rows of W (spmm, sddmm) */
     int by_blocks;          /* spmm: begin/end are token blocks (of every row), not rows */
+    int thread;             /* this share's index, 0 .. threads - 1 */
+    void *partial;          /* pack: per-thread column sums, [threads, features], or NULL */
 } work_t;
 
 /* Ranges [bounds[i], bounds[i+1]) of `units`: equal non-zeros per thread when indptr is given,
@@ -191,8 +195,8 @@ static void split(const int32_t *indptr, int64_t units, int threads, int64_t *bo
     }
 }
 
-/* Runs fn on every thread's share; non-zero when any share failed (fn returned non-NULL). */
-static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *indptr,
+/* Runs fn on every thread's share; returns the number of shares. */
+static int run_threads(void (*fn)(const work_t *), const work_t *proto, const int32_t *indptr,
                        int64_t units, int threads) {
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > units) threads = (int)units;
@@ -204,11 +208,11 @@ static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *
         work[i] = *proto;
         work[i].begin = bounds[i];
         work[i].end = bounds[i + 1];
+        work[i].thread = i;
     }
-    int failed = 0;
-#pragma omp parallel for num_threads(threads) schedule(static, 1) reduction(| : failed)
-    for (int i = 0; i < threads; i++) failed |= fn(&work[i]) != 0;
-    return failed;
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+    for (int i = 0; i < threads; i++) fn(&work[i]);
+    return threads;
 }
 
 #define DEFINE_KERNELS(T, S, I)                                                                   \
@@ -239,11 +243,13 @@ static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *
     /* LANES token rows at a time (outer) across all features (inner): LANES rows are read    \
      * sequentially, which the hardware prefetchers follow. Features outer read one line from  \
      * each of the block's 64 rows per step (64 streams) and measured 1.25-1.35x slower. */    \
-    static void *pack_worker_##S(void *arg) {                                                     \
-        const work_t *w = (const work_t *)arg;                                                    \
+    static void pack_worker_##S(const work_t *w) {                                                \
         const T *x = (const T *)w->src;                                                           \
         T *xb = (T *)w->out;                                                                      \
         const int64_t n = w->features;                                                            \
+        T *sums = w->partial ? (T *)w->partial + w->thread * n : 0;                               \
+        if (sums)                                                                                 \
+            for (int64_t c = 0; c < n; c++) sums[c] = 0;                                          \
         for (int64_t b = w->begin; b < w->end; b++) {                                             \
             T *dst = xb + b * n * BLOCK;                                                          \
             const T *src = x + b * BLOCK * n;                                                     \
@@ -255,18 +261,24 @@ static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *
                         vec_##S v[LANES_##S];                                                     \
                         for (int j = 0; j < LANES_##S; j++)                                       \
                             v[j] = *(const vec_##S *)(src + (j0 + j) * n + c0);                   \
+                        if (sums) { /* the rows as loaded: LANES columns per vector add */        \
+                            vec_##S total = v[0];                                                 \
+                            for (int j = 1; j < LANES_##S; j++) total += v[j];                    \
+                            *(vec_##S *)(sums + c0) += total;                                     \
+                        }                                                                         \
                         transpose_##S(v);                                                         \
                         for (int c = 0; c < LANES_##S; c++)                                       \
                             *(vec_##S *)(dst + (c0 + c) * BLOCK + j0) = v[c];                     \
                         continue;                                                                 \
                     }                                                                             \
                     for (int64_t j = j0; j < j0 + LANES_##S; j++)                                 \
-                        for (int64_t c = c0; c < c1; c++)                                         \
+                        for (int64_t c = c0; c < c1; c++) {                                       \
                             dst[c * BLOCK + j] = j < valid ? src[j * n + c] : (T)0;               \
+                            if (sums && j < valid) sums[c] += src[j * n + c];                     \
+                        }                                                                         \
                 }                                                                                 \
             }                                                                                     \
         }                                                                                         \
-        return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
     /* Rows of one token block are computed LANES at a time into an L1-resident tile, which is  \
@@ -278,8 +290,7 @@ static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *
      * per-row-and-panel overhead outweighs the L1 hits), 4 accumulator sets instead of 2,      \
      * prefetching the tile 8 non-zeros ahead, prefetching or streaming (non-temporal) the Y    \
      * lines, and BLOCK 32 or 128 instead of 64 (all within +-7%). */                           \
-    static void *spmm_worker_##S(void *arg) {                                                     \
-        const work_t *w = (const work_t *)arg;                                                    \
+    static void spmm_worker_##S(const work_t *w) {                                                \
         const T *vals = (const T *)w->vals, *bias = (const T *)w->bias;                           \
         const int64_t n = w->features, m = w->rows;                                               \
         T *y = (T *)w->out;                                                                       \
@@ -334,7 +345,6 @@ static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *
                         y[(b * BLOCK + j) * m + r0 + r] = flat[r * BLOCK + j];                    \
             }                                                                                     \
         }                                                                                         \
-        return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
     /* One row's gradient for GROUP blocks (GROUP * VECS vectors) stays in registers while each  \
@@ -363,30 +373,27 @@ static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *
         }                                                                                         \
     }                                                                                             \
                                                                                                   \
-    /* The sums accumulate over the token groups in a compact per-thread array in CSR order       \
-     * (L2-sized), then go to the dense gradient in one pass that also zeroes its rows: summing  \
-     * in the dense gradient itself touched a scattered cache line per non-zero and group,       \
-     * measured 1.5x slower at 4096 x 1024 and 2048 tokens. */                                    \
-    static void *sddmm_worker_##S(void *arg) {                                                    \
-        const work_t *w = (const work_t *)arg;                                                    \
-        const int64_t n = w->features, first = w->indptr[w->begin];                               \
-        const int64_t count = w->indptr[w->end] - first;                                          \
-        T *sums = calloc((size_t)(count > 0 ? count : 1), sizeof(T));                             \
-        if (!sums) return (void *)1;                                                              \
-        T *shifted = sums - first; /* indexed by the CSR position k */                            \
+    /* The sums accumulate over the token groups in the output values themselves: CSR order, so  \
+     * each thread's rows own one contiguous, L2-sized stretch of them (summing in a dense        \
+     * gradient instead touched a scattered cache line per non-zero and group, measured 1.5x     \
+     * slower at 4096 x 1024 and 2048 tokens). Only when a dense gradient is asked for does a    \
+     * second pass write its rows (zeroed, then the row's sums scattered in), by the same thread  \
+     * while its sums are still in cache. */                                                      \
+    static void sddmm_worker_##S(const work_t *w) {                                               \
+        const int64_t n = w->features;                                                            \
+        T *sums = (T *)w->out;                                                                    \
+        for (int64_t k = w->indptr[w->begin]; k < w->indptr[w->end]; k++) sums[k] = 0;            \
         int64_t b0 = 0;                                                                           \
         for (; b0 + SDDMM_GROUP_##S <= w->blocks; b0 += SDDMM_GROUP_##S)                          \
-            sddmm_rows_##S(w, b0, SDDMM_GROUP_##S, shifted);                                      \
-        for (; b0 < w->blocks; b0++) sddmm_rows_##S(w, b0, 1, shifted);                           \
-        T *grad = (T *)w->out;                                                                    \
+            sddmm_rows_##S(w, b0, SDDMM_GROUP_##S, sums);                                         \
+        for (; b0 < w->blocks; b0++) sddmm_rows_##S(w, b0, 1, sums);                              \
+        T *grad = (T *)w->dense;                                                                  \
+        if (!grad) return;                                                                        \
         for (int64_t r = w->begin; r < w->end; r++) {                                             \
             T *row = grad + r * n;                                                                \
             for (int64_t c = 0; c < n; c++) row[c] = 0;                                           \
-            for (int32_t k = w->indptr[r]; k < w->indptr[r + 1]; k++)                             \
-                row[w->cols[k]] = shifted[k];                                                     \
+            for (int32_t k = w->indptr[r]; k < w->indptr[r + 1]; k++) row[w->cols[k]] = sums[k];  \
         }                                                                                         \
-        free(sums);                                                                               \
-        return 0;                                                                                 \
     }                                                                                             \
                                                                                                   \
     /* out[k] = src[index[k]]: the non-zero values in CSR order, gathered from the dense W (or    \
@@ -396,11 +403,19 @@ static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *
         for (int64_t k = 0; k < n; k++) out[k] = src[index[k]];                                   \
     }                                                                                             \
                                                                                                   \
-    void csx_pack_##S(const T *x, int64_t tokens, int64_t features, T *xb, int threads) {         \
+    /* With `sums`, also the column sums of x (the bias gradient when x is the upstream           \
+     * gradient: no second pass over it), summed per thread in `partial` ([threads, features])    \
+     * and then over the threads in order. */                                                     \
+    void csx_pack_##S(const T *x, int64_t tokens, int64_t features, T *xb, T *sums,               \
+                      T *partial, int threads) {                                                  \
         const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
-        const work_t proto = {.src = x, .out = xb, .features = features, .blocks = blocks,       \
-                              .tokens = tokens};                                                  \
-        run_threads(pack_worker_##S, &proto, 0, blocks, threads);                                 \
+        const work_t proto = {.src = x, .out = xb, .features = features, .blocks = blocks,        \
+                              .tokens = tokens, .partial = sums ? partial : 0};                   \
+        const int used = run_threads(pack_worker_##S, &proto, 0, blocks, threads);                \
+        if (!sums) return;                                                                        \
+        for (int64_t c = 0; c < features; c++) sums[c] = 0;                                       \
+        for (int i = 0; i < used; i++)                                                            \
+            for (int64_t c = 0; c < features; c++) sums[c] += partial[i * features + c];          \
     }                                                                                             \
                                                                                                   \
     void csx_spmm_##S(const int32_t *indptr, const int32_t *cols, const T *vals, const T *bias,   \
@@ -422,13 +437,13 @@ static int run_threads(void *(*fn)(void *), const work_t *proto, const int32_t *
             run_threads(spmm_worker_##S, &proto, indptr, rows, threads);                          \
     }                                                                                             \
                                                                                                   \
-    int csx_sddmm_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,                  \
-                       int64_t features, const T *gb, const T *xb, int64_t blocks, T *grad,       \
-                       int threads) {                                                             \
+    void csx_sddmm_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,                 \
+                       int64_t features, const T *gb, const T *xb, int64_t blocks, T *vals,       \
+                       T *dense, int threads) {                                                   \
         const work_t proto = {.indptr = indptr, .cols = cols, .src = xb, .grad = gb,              \
-                              .out = grad, .features = features, .blocks = blocks,                \
-                              .rows = rows};                                                      \
-        return run_threads(sddmm_worker_##S, &proto, indptr, rows, threads);                      \
+                              .out = vals, .dense = dense, .features = features,                  \
+                              .blocks = blocks, .rows = rows};                                    \
+        run_threads(sddmm_worker_##S, &proto, indptr, rows, threads);                             \
     }
 
 DEFINE_KERNELS(float, f32, int32_t)

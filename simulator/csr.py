@@ -1,16 +1,22 @@
 """CSR execution of a masked linear layer: ``Y = X Wᵀ + b`` touching only the kept weights.
 
-The weight stays a dense ``nn.Parameter`` (so optimizers, sparsity algorithms and state_dicts are
-unchanged); a :class:`CSRStructure` built from the mask holds the CSR pattern of W and of Wᵀ plus
-the flat positions of the non-zeros, and every call gathers the current values (O(nnz)).
+A :class:`CSRStructure` built from the mask holds the CSR pattern of W and of Wᵀ plus the flat
+positions of the non-zeros. The weight is given in one of two forms:
+- the dense W (an ``nn.Parameter`` as optimizers, sparsity algorithms and state_dicts know it):
+  every call gathers the current values (O(nnz)) and the weight gradient is dense (0 off the
+  mask);
+- the values, W's non-zeros in CSR order (``weight_values``; "weights as values"): no gather, and
+  the weight gradient is values in the same order, so no dense gradient is zeroed or written
+  (zeroing and writing it is 16 MiB at 4096 x 1024, whatever the sparsity).
 
 A layout per direction (bench/roofline.py measures each against its bound):
 - forward: Y = X Wᵀ by CSR SpMM over the CSR of W, O(nnz · tokens);
 - backward: dX = dY W by CSR SpMM over the CSR of Wᵀ (built with W's at every mask change, its
   values a gather from W's), and dW only at the non-zeros, ``dW[k] = Σ_t dY[t, row_k] ·
   X[t, col_k]`` (a sampled dense-dense product over W's CSR), O(nnz · tokens);
-- ``dense_grad=True`` (a RigL/GraNet update step) returns the full ``dYᵀ X`` instead, exactly what
-  the masked dense layer would have produced before the sparsity library masks it.
+- ``dense_grad=True`` (a RigL/GraNet update step; dense W only) returns the full ``dYᵀ X``
+  instead, exactly what the masked dense layer would have produced before the sparsity library
+  masks it.
 
 Two backends: ``native`` (the C kernels of ``simulator.native``, float32/float64 on CPU) and
 ``torch`` (``torch.sparse.mm`` + ``torch.sparse.sampled_addmm``; any device torch supports).
@@ -120,7 +126,8 @@ def _csr_tensor(indptr, cols, vals, shape) -> torch.Tensor:
 
 
 class CSRLinearFunction(torch.autograd.Function):
-    """Autograd function for ``csr_linear``; see the module docstring for the math."""
+    """Autograd function for ``csr_linear``; see the module docstring for the math. `weight` is
+    the dense W (2-D) or its values in CSR order (1-D), and its gradient has the same form."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, structure: CSRStructure, dense_grad: bool, backend: str):
@@ -128,7 +135,9 @@ class CSRLinearFunction(torch.autograd.Function):
         ctx.structure, ctx.dense_grad, ctx.backend, ctx.kernels = (
             structure, dense_grad, backend, kernels)
         ctx.has_bias = bias is not None
-        vals = weight_values(kernels, structure, weight.detach())
+        ctx.values_given = weight.dim() == 1
+        vals = (weight.detach() if ctx.values_given
+                else weight_values(kernels, structure, weight.detach()))
         bias = None if bias is None else bias.detach()
         if backend == "native":
             y, packed_x = native_forward(kernels, structure, vals, bias, x)
@@ -147,17 +156,20 @@ class CSRLinearFunction(torch.autograd.Function):
         structure: CSRStructure = ctx.structure
         grad_y = grad_y.contiguous()
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = ctx.has_bias and ctx.needs_input_grad[2]
         sampled_w = need_w and not ctx.dense_grad
         grad_x = grad_w = grad_b = None
-        if ctx.backend == "native":
-            packed_grad = (ctx.kernels.pack(grad_y, scratch=True) if need_x or sampled_w
-                           else None)
+        if ctx.backend == "native" and (need_x or sampled_w):
+            # the bias gradient is dY's column sums, taken while packing dY (one pass less)
+            packed = ctx.kernels.pack(grad_y, column_sums=need_b)
+            packed_grad, grad_b = packed if need_b else (packed, None)
             if need_x:
                 grad_x = native_input_grad(ctx.kernels, structure, vals, packed_grad,
                                            grad_y.shape[0])
             if sampled_w:
-                grad_w = native_weight_grad(ctx.kernels, structure, packed_grad, packed_x)
-        else:
+                grad_w = native_weight_grad(ctx.kernels, structure, packed_grad, packed_x,
+                                            dense=not ctx.values_given)
+        elif ctx.backend == "torch":
             if need_x:
                 vals_t = vals.index_select(0, structure.transpose_order)
                 wt_csr = _csr_tensor(structure.indptr_t, structure.cols_t, vals_t,
@@ -167,13 +179,12 @@ class CSRLinearFunction(torch.autograd.Function):
                 pattern = _csr_tensor(structure.indptr, structure.cols,
                                       torch.zeros(structure.nnz, dtype=x.dtype, device=x.device),
                                       structure.shape)
-                values = torch.sparse.sampled_addmm(pattern, grad_y.t(), x, beta=0.0).values()
-                grad_w = torch.zeros(structure.shape[0] * structure.shape[1],
-                                     dtype=values.dtype, device=values.device)
-                grad_w = grad_w.index_copy_(0, structure.flat_index, values).view(structure.shape)
+                grad_w = torch.sparse.sampled_addmm(pattern, grad_y.t(), x, beta=0.0).values()
+                if not ctx.values_given:
+                    grad_w = dense_weight(structure, grad_w)
         if need_w and ctx.dense_grad:
             grad_w = grad_y.t().mm(x)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if need_b and grad_b is None:
             grad_b = grad_y.sum(0)
         return grad_x, grad_w, grad_b, None, None, None
 
@@ -184,6 +195,15 @@ def weight_values(kernels: KernelLibrary | None, structure: CSRStructure,
     if kernels is None:
         return weight.reshape(-1).index_select(0, structure.flat_index)
     return kernels.gather(weight.contiguous(), structure.flat_index)
+
+
+def dense_weight(structure: CSRStructure, values: torch.Tensor) -> torch.Tensor:
+    """The dense W holding `values` (CSR order) at the structure's non-zeros, 0 elsewhere: the
+    inverse of :func:`weight_values`."""
+    dense = torch.zeros(structure.shape[0] * structure.shape[1], dtype=values.dtype,
+                        device=values.device)
+    return dense.index_copy_(0, structure.flat_index.to(values.device),
+                             values).view(structure.shape)
 
 
 def native_forward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
@@ -206,10 +226,12 @@ def native_input_grad(kernels: KernelLibrary, structure: CSRStructure, vals: tor
 
 
 def native_weight_grad(kernels: KernelLibrary, structure: CSRStructure,
-                       packed_grad: torch.Tensor, packed_x: torch.Tensor) -> torch.Tensor:
-    """dW = dYᵀ X at the mask's non-zeros, 0 elsewhere (a sampled dense-dense product)."""
+                       packed_grad: torch.Tensor, packed_x: torch.Tensor,
+                       dense: bool = False) -> torch.Tensor:
+    """dW = dYᵀ X at the mask's non-zeros (a sampled dense-dense product): values in CSR order,
+    or with dense=True the dense dW, 0 off the mask."""
     return kernels.sddmm(structure.indptr, structure.cols, structure.shape[1], packed_grad,
-                         packed_x)
+                         packed_x, dense=dense)
 
 
 def csr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -217,10 +239,19 @@ def csr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                backend: Backend = "auto") -> torch.Tensor:
     """``x @ (weight ⊙ mask)ᵀ + bias`` in CSR, where ``structure`` was built from the mask.
 
-    x may have any leading dims; dense_grad=True makes the weight gradient the full dense
+    `weight` is the dense W (out_features, in_features) or its values in CSR order (nnz,), as
+    :func:`weight_values` returns them; the weight gradient comes in the same form. x may have
+    any leading dims; dense_grad=True (dense W only) makes the weight gradient the full dense
     ``dYᵀ X`` (for RigL/GraNet growth), otherwise it is non-zero only at the mask.
     """
-    if weight.shape != torch.Size(structure.shape):
+    if weight.dim() == 1:
+        if weight.numel() != structure.nnz:
+            raise ValueError(f"weight values have {weight.numel()} entries, the CSR structure "
+                             f"{structure.nnz} non-zeros; rebuild it from the current mask")
+        if dense_grad:
+            raise ValueError("dense_grad=True needs the dense weight: a gradient for weight "
+                             "values has entries at the non-zeros only")
+    elif weight.shape != torch.Size(structure.shape):
         raise ValueError(f"weight shape {tuple(weight.shape)} does not match the CSR structure "
                          f"{structure.shape}; rebuild it from the current mask")
     if x.dtype != weight.dtype or (bias is not None and bias.dtype != weight.dtype):
@@ -247,6 +278,7 @@ def native_kernel_calls(kernels: KernelLibrary, structure: CSRStructure, weight:
         "forward": lambda: native_forward(
             kernels, structure, weight_values(kernels, structure, weight), None, x),
         "input_grad": lambda: native_input_grad(
-            kernels, structure, vals, kernels.pack(grad_y, scratch=True), grad_y.shape[0]),
-        "weight_grad": lambda: native_weight_grad(kernels, structure, packed_grad, packed_x),
+            kernels, structure, vals, kernels.pack(grad_y), grad_y.shape[0]),
+        "weight_grad": lambda: native_weight_grad(kernels, structure, packed_grad, packed_x,
+                                                  dense=True),
     }

@@ -14,6 +14,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import math
 import os
 import platform
 import shutil
@@ -37,8 +38,18 @@ COMPILE_TIMEOUT_S = 120
 # Handing work to another thread costs microseconds, about this many multiply-adds: smaller
 # calls run on the calling thread alone.
 WORK_PER_EXTRA_THREAD = 1 << 18
-# Scratch pack buffers kept per thread (distinct shapes: about one per layer shape).
-SCRATCH_BUFFERS = 8
+# Kernel outputs (Y, dX, packed activations, values, weight gradients) come from a pool of
+# buffers that nothing outside the pool references any more, instead of fresh tensors: fresh
+# pages fault on first touch, measured 14 ms for a 32 MiB Y on a 2-core VM (4096 outputs x 2048
+# tokens), as long as the forward kernel itself takes at 97% sparsity. The pool keeps at most
+# POOLED_PER_SHAPE buffers of a shape (as many as are alive at once, e.g. one per layer of that
+# shape during a forward pass, up to that bound) for the POOLED_SHAPES shapes used last.
+POOLED_PER_SHAPE = 16
+POOLED_SHAPES = 32
+# Smaller outputs are plain tensors: malloc serves them from memory already mapped (glibc maps
+# fresh pages only from 128 KiB up), and the pool's bookkeeping, microseconds per buffer, would
+# be most of a small layer's call.
+POOLED_MIN_BYTES = 128 * 1024
 SUFFIX_BY_DTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
 _build_lock = threading.Lock()
@@ -71,12 +82,46 @@ def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
             os.unlink(tmp_name)
 
 
+class BufferPool:
+    """Reusable output buffers. :meth:`take` hands out a tensor over the memory of a pooled
+    buffer that no tensor refers to any more (a new tensor object, not a view, so autograd may
+    adopt it as a gradient without copying), else a new buffer; buffers under `min_bytes` are
+    never pooled."""
+
+    def __init__(self, min_bytes: int = 0) -> None:
+        self.min_bytes = min_bytes
+        self._lock = threading.Lock()
+        # (shape, dtype) -> [(memory, its reference count while no tensor uses it)]. The pool
+        # holds each memory's one Python storage object for good: torch counts a storage
+        # object's reference only while it has one, so a storage object made and dropped
+        # in between (x.untyped_storage()) would move the count.
+        self._buffers: dict[tuple, list[tuple[torch.UntypedStorage, int]]] = {}
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if math.prod(shape) * dtype.itemsize < self.min_bytes:
+            return torch.empty(shape, dtype=dtype)
+        key = (tuple(shape), dtype)
+        with self._lock:
+            buffers = self._buffers.pop(key, [])
+            self._buffers[key] = buffers  # most recently used last
+            if len(self._buffers) > POOLED_SHAPES:
+                self._buffers.pop(next(iter(self._buffers)))
+            for memory, idle_refs in buffers:
+                if torch._C._storage_Use_Count(memory._cdata) == idle_refs:
+                    return torch.empty(0, dtype=dtype).set_(memory, 0, shape)
+            if len(buffers) >= POOLED_PER_SHAPE:
+                return torch.empty(shape, dtype=dtype)
+            memory = torch.empty(shape, dtype=dtype).untyped_storage()
+            buffers.append((memory, torch._C._storage_Use_Count(memory._cdata)))
+            return torch.empty(0, dtype=dtype).set_(memory, 0, shape)
+
+
 class KernelLibrary:
     """Typed wrappers around the compiled kernels. Tensors must be contiguous CPU tensors."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._scratch = threading.local()
+        self.pool = BufferPool(POOLED_MIN_BYTES)
         self._lib = ctypes.CDLL(str(path))
         self.block_tokens: int = self._lib.csx_block_tokens()
         ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -85,13 +130,13 @@ class KernelLibrary:
         self._lib.csx_read_bandwidth_probe.argtypes = [ptr, i64, i64]
         self._lib.csx_read_bandwidth_probe.restype = ctypes.c_float
         for suffix in SUFFIX_BY_DTYPE.values():
-            getattr(self._lib, f"csx_pack_{suffix}").argtypes = [ptr, i64, i64, ptr, i32]
+            getattr(self._lib, f"csx_pack_{suffix}").argtypes = [ptr, i64, i64, ptr, ptr, ptr,
+                                                                  i32]
             getattr(self._lib, f"csx_gather_{suffix}").argtypes = [ptr, ptr, i64, ptr]
             getattr(self._lib, f"csx_spmm_{suffix}").argtypes = [
                 ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32]
             getattr(self._lib, f"csx_sddmm_{suffix}").argtypes = [
-                ptr, ptr, i64, i64, ptr, ptr, i64, ptr, i32]
-            getattr(self._lib, f"csx_sddmm_{suffix}").restype = ctypes.c_int
+                ptr, ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i32]
 
     @staticmethod
     def threads_for(work: int) -> int:
@@ -106,34 +151,28 @@ class KernelLibrary:
 
     def gather(self, source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """source.view(-1)[index] for a contiguous source and an int64 index."""
-        out = torch.empty(index.numel(), dtype=source.dtype)
+        out = self.pool.take((index.numel(),), source.dtype)
         self._fn("gather", source.dtype)(source.data_ptr(), index.data_ptr(), index.numel(),
                                          out.data_ptr())
         return out
 
-    def pack(self, x: torch.Tensor, scratch: bool = False,
-             threads: int | None = None) -> torch.Tensor:
-        """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded.
-
-        scratch=True packs into this thread's reusable buffer of that shape, valid until its
-        next scratch pack of the same shape: for a pack used only within one call (the
-        upstream gradient in backward). Fresh pages cost more than the pack itself on some
-        machines (first-touch faults, measured 2x at 8 MiB on a 2-core VM)."""
+    def pack(self, x: torch.Tensor, threads: int | None = None,
+             column_sums: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """[tokens, features] -> token-blocked [blocks, features, block_tokens], zero padded;
+        with column_sums=True also ``x.sum(0)`` (the bias gradient of an upstream gradient x),
+        summed while packing: (packed, sums)."""
         tokens, features = x.shape
         blocks = -(-tokens // self.block_tokens)
-        shape = (blocks, features, self.block_tokens)
-        if scratch:
-            buffers = self._scratch.__dict__.setdefault("buffers", {})
-            packed = buffers.get((shape, x.dtype))
-            if packed is None:
-                if len(buffers) >= SCRATCH_BUFFERS:
-                    buffers.pop(next(iter(buffers)))  # oldest shape first
-                packed = buffers[(shape, x.dtype)] = torch.empty(shape, dtype=x.dtype)
-        else:
-            packed = torch.empty(shape, dtype=x.dtype)
+        packed = self.pool.take((blocks, features, self.block_tokens), x.dtype)
+        threads = threads or self.threads_for(x.numel())
+        sums = partial = None
+        if column_sums:
+            sums = self.pool.take((features,), x.dtype)
+            partial = self.pool.take((threads, features), x.dtype)
         self._fn("pack", x.dtype)(x.data_ptr(), tokens, features, packed.data_ptr(),
-                                  threads or self.threads_for(x.numel()))
-        return packed
+                                  None if sums is None else sums.data_ptr(),
+                                  None if partial is None else partial.data_ptr(), threads)
+        return packed if sums is None else (packed, sums)
 
     def spmm(self, indptr: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor,
              bias: torch.Tensor | None, in_features: int, packed_x: torch.Tensor,
@@ -142,7 +181,7 @@ class KernelLibrary:
         vals) and X packed by :meth:`pack` from `tokens` tokens. `threads` overrides the
         count chosen from the work (tests use it to split small problems)."""
         rows = indptr.numel() - 1
-        out = torch.empty(tokens, rows, dtype=packed_x.dtype)
+        out = self.pool.take((tokens, rows), packed_x.dtype)
         self._fn("spmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), vals.data_ptr(),
             None if bias is None else bias.data_ptr(), rows, in_features,
@@ -183,19 +222,20 @@ class KernelLibrary:
         return buffer.numel() * 4 * reps / best / 1e9
 
     def sddmm(self, indptr: torch.Tensor, cols: torch.Tensor, in_features: int,
-              packed_grad: torch.Tensor, packed_x: torch.Tensor,
+              packed_grad: torch.Tensor, packed_x: torch.Tensor, dense: bool = False,
               threads: int | None = None) -> torch.Tensor:
-        """Gᵀ X at the non-zeros of the CSR pattern (indptr, cols), 0 elsewhere: a dense
-        [rows, in_features] tensor, for G and X packed by :meth:`pack`."""
+        """Gᵀ X at the non-zeros of the CSR pattern (indptr, cols), for G and X packed by
+        :meth:`pack`: the values in CSR order ([nnz]), or with dense=True a dense
+        [rows, in_features] tensor holding them, 0 elsewhere."""
         rows = indptr.numel() - 1
-        out = torch.empty(rows, in_features, dtype=packed_x.dtype)
-        failed = self._fn("sddmm", packed_x.dtype)(
+        vals = self.pool.take((cols.numel(),), packed_x.dtype)
+        grad = self.pool.take((rows, in_features), packed_x.dtype) if dense else None
+        self._fn("sddmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), rows, in_features, packed_grad.data_ptr(),
-            packed_x.data_ptr(), packed_x.shape[0], out.data_ptr(),
+            packed_x.data_ptr(), packed_x.shape[0], vals.data_ptr(),
+            None if grad is None else grad.data_ptr(),
             threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
-        if failed:
-            raise MemoryError(f"csx_sddmm: no memory for the sums of {cols.numel()} non-zeros")
-        return out
+        return vals if grad is None else grad
 
 
 def _prefix_sum(counts: torch.Tensor) -> torch.Tensor:

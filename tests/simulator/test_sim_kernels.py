@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from simulator.csr import CSRStructure, _csr_arrays, csr_linear
 from pathlib import Path
 
-from simulator.native import build_kernels, load_kernels
+from simulator.native import POOLED_PER_SHAPE, BufferPool, build_kernels, load_kernels
 
 KERNELS = load_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="the C kernels did not build")
@@ -72,9 +72,13 @@ def test_kernels_match_dense_products_for_any_thread_split(p):
     grad_x = KERNELS.spmm(s.indptr_t, s.cols_t, vals_t, None, s.shape[0], packed_grad, tokens,
                           threads=threads)
     torch.testing.assert_close(grad_x, grad_y @ weight, **tolerance(p["dtype"]))
-    grad_w = KERNELS.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x, threads=threads)
+    grad_w = KERNELS.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x, dense=True,
+                           threads=threads)
     torch.testing.assert_close(grad_w, (grad_y.t() @ x) * mask, **tolerance(p["dtype"]))
     assert not grad_w[~mask].any(), "the sampled weight gradient is exactly 0 off the mask"
+    grad_values = KERNELS.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x,
+                                threads=threads)
+    assert torch.equal(grad_values, grad_w.view(-1)[s.flat_index]), "the same sums, CSR order"
 
 
 @settings(max_examples=40, deadline=None)
@@ -141,7 +145,7 @@ def test_avx2_and_baseline_builds_give_the_native_builds_results(p):
                          threads=p["threads"]),
             kernels.spmm(s.indptr_t, s.cols_t, kernels.gather(vals, s.transpose_order), None,
                          s.shape[0], packed_grad, p["tokens"], threads=p["threads"]),
-            kernels.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x,
+            kernels.sddmm(s.indptr, s.cols, s.shape[1], packed_grad, packed_x, dense=True,
                           threads=p["threads"])])
     expected = [x @ weight.t() + bias, grad_y @ weight, (grad_y.t() @ x) * mask]
     for native, *others, reference in zip(*results, expected):
@@ -152,7 +156,7 @@ def test_avx2_and_baseline_builds_give_the_native_builds_results(p):
 
 @settings(max_examples=30, deadline=None)
 @given(tokens=TOKENS, features=SIZES, threads=st.integers(1, 4), dtype=DTYPES)
-def test_pack_is_the_zero_padded_token_blocked_layout(tokens, features, threads, dtype):
+def test_pack_is_the_zero_padded_token_blocked_layout_and_sums_columns(tokens, features, threads, dtype):
     x = torch.randn(tokens, features, dtype=dtype)
     block = KERNELS.block_tokens
     blocks = -(-tokens // block)
@@ -160,18 +164,54 @@ def test_pack_is_the_zero_padded_token_blocked_layout(tokens, features, threads,
     padded[:tokens] = x
     expected = padded.view(blocks, block, features).transpose(1, 2)
     assert torch.equal(KERNELS.pack(x, threads=threads), expected)
+    packed, sums = KERNELS.pack(x, threads=threads, column_sums=True)
+    assert torch.equal(packed, expected)
+    torch.testing.assert_close(sums, x.sum(0), **tolerance(dtype))
 
 
-def test_scratch_pack_reuses_one_buffer_per_shape_and_fresh_packs_do_not():
-    a, b = torch.randn(70, 24), torch.randn(70, 24)
-    first = KERNELS.pack(a, scratch=True)
-    first_copy = first.clone()
-    second = KERNELS.pack(b, scratch=True)
-    assert second.data_ptr() == first.data_ptr()
-    assert torch.equal(second, KERNELS.pack(b)) and not torch.equal(second, first_copy)
-    fresh = KERNELS.pack(a)
-    KERNELS.pack(b, scratch=True)
-    assert torch.equal(fresh, first_copy), "a fresh pack is never overwritten by a scratch pack"
+def test_pool_reuses_a_buffer_only_once_nothing_outside_refers_to_it():
+    pool = BufferPool()
+    first = pool.take((70, 24), torch.float32)
+    address = first.data_ptr()
+    view = first[3:]
+    del first
+    held = pool.take((70, 24), torch.float32)
+    assert held.data_ptr() != address, "a view of the first buffer still refers to it"
+    del view
+    held.untyped_storage()  # a storage object made and dropped leaves the count as it was
+    again = pool.take((70, 24), torch.float32)
+    assert again.data_ptr() == address and again._base is None
+    assert pool.take((24, 70), torch.float32).data_ptr() not in (address, held.data_ptr())
+    kept = [pool.take((5,), torch.float64) for _ in range(POOLED_PER_SHAPE + 1)]
+    del kept[-1]  # past the bound: a plain tensor, never handed out again
+    assert pool.take((5,), torch.float64).data_ptr() not in {t.data_ptr() for t in kept}
+    small = BufferPool(min_bytes=64)
+    assert small.take((15,), torch.float32) is not small.take((16,), torch.float32)
+    assert list(small._buffers) == [((16,), torch.float32)], "60 bytes: a plain tensor"
+
+
+@pytest.mark.parametrize("as_values", [False, True], ids=["dense-weight", "values"])
+def test_weight_gradient_is_adopted_without_a_copy_and_its_memory_reused(as_values):
+    """Autograd takes the pooled gradient as .grad itself (no copy); once the optimizer sets
+    .grad to None, the next backward writes into the same memory (no fresh pages)."""
+    # sizes past POOLED_MIN_BYTES: values of 256 x 192 x 0.9 floats
+    mask = torch.rand(256, 192, generator=torch.Generator().manual_seed(0)) < 0.9
+    structure = CSRStructure.from_mask(mask)
+    dense = torch.randn(256, 192) * mask
+    weight = (KERNELS.gather(dense, structure.flat_index).clone() if as_values
+              else dense).requires_grad_(True)
+    x, upstream = torch.randn(70, 192), torch.randn(70, 256)
+    addresses = []
+    for _ in range(3):
+        weight.grad = None
+        csr_linear(x, weight, None, structure, backend="native").backward(upstream)
+        addresses.append(weight.grad.data_ptr())
+    pooled = {memory.data_ptr() for buffers in KERNELS.pool._buffers.values()
+              for memory, _ in buffers}
+    assert len(set(addresses)) == 1 and addresses[0] in pooled
+    expected = (upstream.t() @ x) * mask
+    torch.testing.assert_close(weight.grad, expected.view(-1)[structure.flat_index] if as_values
+                               else expected, rtol=1e-5, atol=1e-5)
 
 
 @given(n=st.integers(0, 500), seed=st.integers(0, 100))

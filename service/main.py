@@ -71,7 +71,15 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     app.add_exception_handler(status.HTTP_405_METHOD_NOT_ALLOWED, _method_not_allowed)
     for error in DATABASE_UNAVAILABLE:
         app.add_exception_handler(error, _database_unavailable)
+    app.add_exception_handler(ConnectionError, _cluster_unavailable)
     return app
+
+
+async def _cluster_unavailable(request: Request, exc: Exception) -> Response:
+    """The Ray cluster named in RAY_ADDRESS cannot be reached (ray.init's ConnectionError)."""
+    return JSONResponse({"detail": f"the Ray cluster is unavailable ({type(exc).__name__}: "
+                                   f"{str(exc).strip()[:200]}); retry shortly"},
+                        status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "5"})
 
 
 async def _database_unavailable(request: Request, exc: Exception) -> Response:

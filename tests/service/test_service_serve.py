@@ -39,6 +39,32 @@ TINY = {
 }
 
 
+def _start_serve(tmp_path: Path, *flags: str,
+                 **env_extra: str) -> tuple[StackProcess, httpx.Client]:
+    """`csx serve --dev-token FLAGS` on a free port with its state under tmp_path and its own
+    local Ray (one system); returns it once healthz answers, with a client holding its token."""
+    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}",
+           "CSX_RUNS_DIR": str(tmp_path / "runs"), "CSX_CLUSTER_SIZE": "1",
+           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           "CSX_MLFLOW_UI_URL": f"http://127.0.0.1:{free_port()}",
+           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env_extra}
+    env.pop("RAY_ADDRESS", None)  # the by-hand path: the service runs its own local Ray
+    port = free_port()
+    server = StackProcess.start(
+        "csx serve", [sys.executable, "-m", "service.cli", "serve", "--dev-token", *flags,
+                      "--host", "127.0.0.1", "--port", str(port)],
+        log_path=tmp_path / "serve.log", env=env, cwd=tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(f"{url}/v1/healthz", server, 120)
+        token = wait_for_line(DEV_TOKEN_LINE, server, 30).group(1)
+    except BaseException:
+        server.stop()
+        raise
+    return server, httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                                timeout=30)
+
+
 def _state(pid: int) -> tuple[str, str] | None:
     """(command name, state letter) of a process, None once it is gone."""
     try:
@@ -53,24 +79,8 @@ def _state(pid: int) -> tuple[str, str] | None:
 @pytest.mark.timeout(2400)
 def test_serve_runs_jobs_after_the_first_ones_end_and_leaves_nothing_when_killed(
         tmp_path: Path) -> None:
-    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}",
-           "CSX_RUNS_DIR": str(tmp_path / "runs"), "CSX_CLUSTER_SIZE": "1",
-           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-           "CSX_MLFLOW_UI_URL": f"http://127.0.0.1:{free_port()}",
-           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("RAY_ADDRESS", None)  # the by-hand path: the service runs its own local Ray
-    port = free_port()
-    server = StackProcess.start(
-        "csx serve", [sys.executable, "-m", "service.cli", "serve", "--dev-token",
-                      "--host", "127.0.0.1", "--port", str(port)],
-        log_path=tmp_path / "serve.log", env=env, cwd=tmp_path)
+    server, http = _start_serve(tmp_path)
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until_up(f"{url}/v1/healthz", server, 120)
-        token = wait_for_line(DEV_TOKEN_LINE, server, 30).group(1)
-        http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
-                            timeout=30)
-
         def run_job() -> None:
             job_id = http.post("/v1/jobs", json={"params": TINY}).json()["id"]
 
@@ -107,16 +117,8 @@ def test_serve_runs_jobs_after_the_first_ones_end_and_leaves_nothing_when_killed
 
 def test_serve_stops_on_sigterm_with_exit_code_0(tmp_path: Path) -> None:
     """A graceful stop is a success for process managers (compose, systemd)."""
-    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}",
-           "CSX_RUNS_DIR": str(tmp_path / "runs"),
-           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    port = free_port()
-    server = StackProcess.start(
-        "csx serve", [sys.executable, "-m", "service.cli", "serve", "--no-mlflow-ui",
-                      "--host", "127.0.0.1", "--port", str(port)],
-        log_path=tmp_path / "serve.log", env=env, cwd=tmp_path)
+    server, _ = _start_serve(tmp_path, "--no-mlflow-ui")
     try:
-        wait_until_up(f"http://127.0.0.1:{port}/v1/healthz", server, 120)
         server.popen.send_signal(signal.SIGTERM)
         assert server.popen.wait(60) == 0, server.log_tail()
     finally:
@@ -128,23 +130,10 @@ def test_serve_survives_losing_its_ray_head_and_resumes_the_job(tmp_path: Path) 
     """Today's csx serve died a minute after its Ray head did (the driver loses the GCS and
     exits), and its job resumed only after a manual restart. Now csx serve restarts its API
     process, which starts a new head and resumes the job from its last checkpoint."""
-    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}",
-           "CSX_RUNS_DIR": str(tmp_path / "runs"), "CSX_CLUSTER_SIZE": "1",
-           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "RAY_gcs_rpc_server_reconnect_timeout_s": "5"}  # Ray's 60 s, shortened for the test
-    env.pop("RAY_ADDRESS", None)
-    port = free_port()
-    server = StackProcess.start(
-        "csx serve", [sys.executable, "-m", "service.cli", "serve", "--dev-token",
-                      "--no-mlflow-ui", "--host", "127.0.0.1", "--port", str(port)],
-        log_path=tmp_path / "serve.log", env=env, cwd=tmp_path)
+    # Ray's 60 s without its GCS before a driver exits, shortened for the test.
+    server, http = _start_serve(tmp_path, "--no-mlflow-ui",
+                                RAY_gcs_rpc_server_reconnect_timeout_s="5")
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until_up(f"{url}/v1/healthz", server, 120)
-        token = wait_for_line(DEV_TOKEN_LINE, server, 30).group(1)
-        http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
-                            timeout=30)
         params = {**TINY, "runconfig": {**TINY.get("runconfig", {}), "max_steps": 100,
                                         "checkpoint_steps": 20, "log_steps": 5,
                                         "max_failures": 0}}

@@ -29,7 +29,7 @@ results: install
 	$(PY) research/study_results.py --protocol blog --seeds 0,1,2
 
 test: install
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --durations=30
 
 bench: install
 	$(PY) bench/run_all.py

@@ -163,8 +163,9 @@ def baby_section(data: dict[str, Any], images: Path) -> list[str]:
         "nanoGPT's measure.", "",
         f"Regenerate with `make results` (`research/study_results.py --protocol baby`); raw "
         f"numbers in `research/results/study_results_baby_gpt.json`. Last run: "
-        f"`{data['command']}`, {data['total_wall_s'] / 60:.1f} min on 2 CPU cores shared with "
-        f"other work (two runs at a time, one torch thread each).{partial}", ""]
+        f"`{data['command']}`: {data['total_wall_s'] / 60:.1f} min of wall time summed over "
+        "its commands (a side sweep may have run beside the main one), on 2 CPU cores shared "
+        f"with other work, two runs at a time per command, one torch thread each.{partial}", ""]
     if dense:
         values = list(dense.values())
         lines += [f"**Reproduction anchor:** dense reaches a validation loss of {fmt(values)} "

@@ -171,6 +171,21 @@ def baby_key(run: dict[str, Any]) -> tuple[Any, ...]:
     return run["variant"], run["seed"], run["level"], run["width"]
 
 
+def merge_baby(extra: Path) -> None:
+    """Fold a side sweep's results file (`--results`) into the baby study's: its runs the main
+    file lacks, its commands, its wall time (summed: the two may have run side by side)."""
+    main, side = (json.loads(path.read_text()) for path in (BABY_RESULTS, extra))
+    done = {baby_key(run) for run in main["runs"]}
+    runs = main["runs"] + [run for run in side["runs"] if baby_key(run) not in done]
+    commands = main["commands"] + [c for c in side["commands"] if c not in main["commands"]]
+    BABY_RESULTS.write_text(json.dumps({
+        "command": " && ".join(commands), "commands": commands,
+        "seeds": sorted({*main["seeds"], *side["seeds"]}),
+        "total_wall_s": main["total_wall_s"] + side["total_wall_s"],
+        "complete": main["complete"] and side["complete"],
+        "runs": sorted(runs, key=lambda r: (r["seed"], r["variant"]))}, indent=1))
+
+
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -235,23 +250,35 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None, help="override runconfig.max_steps")
     parser.add_argument("--levels", default="0.8", help="baby: comma-separated sparsities")
     parser.add_argument("--widths", default="128", help="baby: comma-separated hidden sizes")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="write the runs here instead of the protocol's results file (a "
+                             "second sweep beside a running one; merge with --merge)")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--variants", default=None,
                         help="comma-separated: run only these; the results file keeps its "
                              "runs of the other variants")
+    parser.add_argument("--merge", type=Path, default=None,
+                        help="baby: fold this --results file into the study's, then render")
     parser.add_argument("--render-only", action="store_true", help="re-render the results JSON")
     args = parser.parse_args()
-    if not args.render_only:
+    if args.merge is not None:
+        merge_baby(args.merge)
+    elif not args.render_only:
         seeds = [int(s) for s in args.seeds.split(",")]
-        results = {"blog": BLOG_RESULTS, "baby": BABY_RESULTS}.get(args.protocol, RESULTS)
+        results = args.results or {"blog": BLOG_RESULTS, "baby": BABY_RESULTS}.get(
+            args.protocol, RESULTS)
         kept = None
         if args.protocol == "baby":
             tasks = baby_specs(args.steps, seeds, [float(v) for v in args.levels.split(",")],
                                [int(w) for w in args.widths.split(",")])
+            done = set()
+            if BABY_RESULTS.exists() and results != BABY_RESULTS:  # a side sweep skips those too
+                done = {baby_key(run) for run in json.loads(BABY_RESULTS.read_text())["runs"]}
             if results.exists():
                 kept = json.loads(results.read_text())
-                done = {baby_key(run) for run in kept["runs"]}
-                tasks = [t for t in tasks if baby_key(t) not in done]
+                done |= {baby_key(run) for run in kept["runs"]}
+            tasks = [t for t in tasks if baby_key(t) not in done]
+            if kept is not None:
                 seeds = sorted({*kept["seeds"], *seeds})
                 kept["complete"] = True  # this run finishes what the stopped one left
         elif args.protocol == "blog":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -64,3 +65,22 @@ def test_the_section_leads_the_page_with_the_dense_anchor(tmp_path: Path):
     assert "dense reaches a validation loss of 1.900 (1 seed)" in text
     assert "| set | 2.010 | 1 | 2.010 | +0.010 | +0.110 | 70 |" in text
     assert "| rigl < static | static − rigl -0.020 | -0.020 | reversed, 1 seed" in text
+
+
+def test_a_side_sweep_merges_its_new_runs_and_commands(tmp_path: Path, monkeypatch):
+    import research.study_results as study_results
+
+    main, side = tmp_path / "main.json", tmp_path / "side.json"
+    monkeypatch.setattr(study_results, "BABY_RESULTS", main)
+    dense = {"variant": "dense", "seed": 0, "level": None, "width": 128}
+    rigl = {**dense, "variant": "rigl", "level": 0.9}
+    main.write_text(json.dumps({"commands": ["a"], "seeds": [0, 1], "total_wall_s": 10.0,
+                                "complete": False, "runs": [dense]}))
+    side.write_text(json.dumps({"commands": ["b"], "seeds": [0], "total_wall_s": 5.0,
+                                "complete": True, "runs": [{**dense, "wall_s": 1}, rigl]}))
+    study_results.merge_baby(side)
+    merged = json.loads(main.read_text())
+    assert merged["runs"] == [dense, rigl]  # the main file's dense run wins
+    assert merged["commands"] == ["a", "b"] and merged["command"] == "a && b"
+    assert merged["total_wall_s"] == 15.0 and merged["seeds"] == [0, 1]
+    assert merged["complete"] is False

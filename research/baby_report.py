@@ -75,6 +75,8 @@ def level_lines(runs: list[dict[str, Any]], level: float) -> list[str]:
     static = losses.get("static", {})
     dense = losses.get("dense", {})
     lines = [f"### {level:.0%} sparsity, final validation loss", "",
+             "Paired gaps: the variant's loss minus Static's (or dense's) seed by seed, mean ± sd "
+             "over the seeds both ran; below 0 the variant is better.", "",
              "| variant | loss, mean ± sd | seeds | per seed | paired gap to Static | "
              "paired gap to dense | wall time per run (s) |", "|---|---|---|---|---|---|---|"]
     for name, by_seed in losses.items():
@@ -85,7 +87,11 @@ def level_lines(runs: list[dict[str, Any]], level: float) -> list[str]:
         lines.append(f"| {name} | {fmt(list(by_seed.values()))} | {len(by_seed)} | "
                      f"{', '.join(f'{by_seed[s]:.3f}' for s in sorted(by_seed))} | {to_static} | "
                      f"{to_dense} | {statistics.fmean(walls):.0f} |")
-    lines += ["", "| published claim | unpaired gap | paired gap (per seed, mean ± sd) | verdict |",
+    lines += ["", "A claim holds when its gap (worse − better) is positive; the verdict is the "
+              "study's rule (beyond noise when the gap exceeds the larger of the two seed sds), "
+              "with the paired gap's own mean against its sd beside it.", "",
+              "| published claim | unpaired gap | paired gap, worse − better (mean ± sd) | "
+              "verdict |",
               "|---|---|---|---|", *(claim_line(b, w, losses) for b, w in CLAIMS), ""]
     return lines
 
@@ -174,6 +180,11 @@ def baby_section(data: dict[str, Any], images: Path) -> list[str]:
                   "Shakespeare file (65 characters, 90/10 split), a different cut of the same "
                   "plays than this corpus (Gutenberg texts, split by play), so the numbers "
                   "agree only as far as the corpora do.", ""]
+    walls = [r["wall_s"] for r in runs if r["width"] == BASE_WIDTH]
+    lines += [f"Why `make run` keeps the 2 × 64 study: a run at this shape took "
+              f"{min(walls):.0f}–{max(walls):.0f} s of wall time here ({len(walls)} runs, "
+              "sharing the 2 cores with other work), so its five variants do not fit "
+              "`make run`'s 10 minutes on such a machine.", ""]
     for level in levels:
         lines += level_lines(runs, level)
     if len(widths) > 1:

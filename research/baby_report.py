@@ -46,7 +46,9 @@ def _losses(runs: list[dict[str, Any]], variant: str, level: float | None,
 def paired_gap(better: dict[int, float], worse: dict[int, float]) -> tuple[list[float], str]:
     """Per-seed differences worse − better over the seeds both ran, and their mean ± sd."""
     diffs = [worse[s] - better[s] for s in sorted(better.keys() & worse.keys())]
-    return diffs, (fmt(diffs, "+.3f") if diffs else "—")
+    if len(diffs) < 2:
+        return diffs, f"{diffs[0]:+.3f}" if diffs else "—"
+    return diffs, f"{statistics.fmean(diffs):+.3f} ± {statistics.stdev(diffs):.3f}"
 
 
 def claim_line(better: str, worse: str, losses: dict[str, dict[int, float]]) -> str:
@@ -97,18 +99,18 @@ def level_lines(runs: list[dict[str, Any]], level: float) -> list[str]:
 
 
 def width_png(runs: list[dict[str, Any]], level: float, widths: list[int], path: Path) -> None:
-    """Each sparse variant's gap to dense and to Static (mean over the seeds run) by width."""
+    """Each sparse variant's paired gap to dense and to Static (mean over the seeds both ran)
+    by width."""
     figure = Figure(figsize=(10, 4), dpi=100)
     panels = figure.subplots(1, 2, sharex=True)
     for axes, reference in zip(panels, ("dense", "static")):
         for name in (v for v in SPARSE if v != reference):
             points = []
             for width in widths:
-                ours = _losses(runs, name, level, width)
-                base = _losses(runs, reference, level, width)
-                if ours and base:
-                    points.append((width, statistics.fmean(ours.values())
-                                   - statistics.fmean(base.values())))
+                diffs, _ = paired_gap(_losses(runs, reference, level, width),
+                                      _losses(runs, name, level, width))
+                if diffs:
+                    points.append((width, statistics.fmean(diffs)))
             if points:
                 axes.plot(*zip(*points), marker="o", label=name)
         axes.axhline(0.0, color="grey", linewidth=0.8)
@@ -130,7 +132,9 @@ def width_lines(runs: list[dict[str, Any]], level: float, widths: list[int],
     header = " | ".join(f"{w}" for w in widths)
     lines = [f"### Width sweep at {level:.0%}: where the ordering flips", "",
              "Depth (4 layers), heads (4), block, batch and recipe fixed; FFN 4 × width. Each "
-             "cell: final validation loss, mean over the seeds that ran (count in brackets).", "",
+             "cell: final validation loss, mean over the seeds that ran (count in brackets). The "
+             "plot's gaps are paired: the mean of the per-seed differences over the seeds both "
+             "variants ran.", "",
              f"| variant | {header} |", "|---|" + "---|" * len(widths)]
     for name in VARIANTS:
         cells = []

@@ -26,8 +26,9 @@ def test_a_paired_gap_differences_only_the_seeds_both_ran(better, worse):
 
 def test_a_claim_is_judged_against_seed_noise_and_says_when_there_is_none():
     static = {0: 2.08, 1: 2.06, 2: 2.10}
-    assert "holds, beyond seed noise" in claim_line("set", "static", {
-        "set": {0: 2.00, 1: 2.01, 2: 2.02}, "static": static})
+    beyond = claim_line("set", "static", {"set": {0: 2.00, 1: 2.01, 2: 2.02}, "static": static})
+    assert "holds, beyond seed noise" in beyond
+    assert "| +0.070 ± 0.017 |" in beyond  # paired: per-seed gaps 0.08, 0.05, 0.08
     assert "reversed, within seed noise" in claim_line("rigl", "static", {
         "rigl": {0: 2.09, 1: 2.07, 2: 2.11}, "static": static})
     assert "1 seed: no noise estimate" in claim_line("rigl", "static", {

@@ -112,7 +112,8 @@ def width_png(runs: list[dict[str, Any]], level: float, widths: list[int], path:
                 if diffs:
                     points.append((width, statistics.fmean(diffs)))
             if points:
-                axes.plot(*zip(*points), marker="o", label=name)
+                # one colour per variant in both panels
+                axes.plot(*zip(*points), marker="o", label=name, color=f"C{SPARSE.index(name)}")
         axes.axhline(0.0, color="grey", linewidth=0.8)
         axes.set_xscale("log", base=2)
         axes.set_xticks(widths, [str(w) for w in widths])

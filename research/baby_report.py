@@ -131,7 +131,7 @@ def width_lines(runs: list[dict[str, Any]], level: float, widths: list[int],
                 images: Path) -> list[str]:
     width_png(runs, level, widths, images / WIDTH_PNG)
     header = " | ".join(f"{w}" for w in widths)
-    lines = [f"### Width sweep at {level:.0%}: where the ordering flips", "",
+    lines = [f"### Width sweep at {level:.0%}: the gaps against model width", "",
              "Depth (4 layers), heads (4), block, batch and recipe fixed; FFN 4 × width. Each "
              "cell: final validation loss, mean over the seeds that ran (count in brackets). The "
              "plot's gaps are paired: the mean of the per-seed differences over the seeds both "

@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from research.study_report import comparison_lines, fmt, last_value, mean_sd
+from research.study_report import comparison_lines, fmt, insert_after_title, last_value, mean_sd
 
 VARIANTS = ("dense", "static", "set", "rigl", "rigl-sinkhorn", "granet")
 EXTRA = ("rigl-sinkhorn",)  # this library's knob, beside the study's variants
@@ -206,8 +206,4 @@ def _decision_lines(ppl: dict[str, list[float]]) -> list[str]:
 
 def insert_blog_section(results_md: Path, blog: dict[str, Any], reference: dict[str, Any]) -> None:
     """Put the section right after the page title (before the first `## ` section)."""
-    text = results_md.read_text(encoding="utf-8")
-    head, sep, rest = text.partition("\n## ")
-    section = "\n".join(blog_section(blog, reference))
-    results_md.write_text(f"{head}\n{section}\n{sep.lstrip(chr(10))}{rest}" if sep
-                          else f"{text}\n{section}\n", encoding="utf-8")
+    insert_after_title(results_md, blog_section(blog, reference))

@@ -108,6 +108,15 @@ def render(data: dict[str, Any], docs: Path, cause: dict[str, Any] | None = None
     (docs / "results.md").write_text("\n".join(lines), encoding="utf-8")
 
 
+def insert_after_title(results_md: Path, section: list[str]) -> None:
+    """Put `section` right after the page title (before the first `## ` section)."""
+    text = results_md.read_text(encoding="utf-8")
+    head, sep, rest = text.partition("\n## ")
+    body = "\n".join(section)
+    results_md.write_text(f"{head}\n{body}\n{sep.lstrip(chr(10))}{rest}" if sep
+                          else f"{text}\n{body}\n", encoding="utf-8")
+
+
 def _cpu_count() -> int:
     import os
 

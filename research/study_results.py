@@ -10,11 +10,20 @@ the tables and PNGs. Raw numbers go to research/results/study_results.json.
 `--protocol blog` runs examples/study_blog.yaml instead (the Cerebras sparsity blog's protocol:
 sparse runs at half the batch for twice the steps, drop fraction 0.5, rarer updates), each
 variant's spec exactly as the service builds it, into research/results/study_results_blog.json;
-docs/results.md then compares the two protocols (research/blog_report.py). Results are written
-after every finished run, so an interrupted run still renders (`--render-only`).
+docs/results.md then compares the two protocols (research/blog_report.py).
 
-    python research/study_results.py [--protocol reference|blog] [--seeds 0,1,2] [--steps N]
-                                     [--render-only]
+`--protocol baby` runs examples/study_baby_gpt.yaml (nanoGPT's CPU "baby GPT" shape, issue 34) at
+each level of `--levels` and each model width of `--widths` (depth, heads and recipe fixed; the
+FFN stays 4 x the width), into research/results/study_results_baby_gpt.json; dense runs once per
+width and seed (it has no level). Tasks go seed by seed, so a stopped run leaves whole seeds.
+A rerun skips the (variant, seed, level, width) runs the file already holds, so a stopped sweep
+resumes where it stopped (research/baby_report.py renders it first on docs/results.md).
+
+Results are written after every finished run, so an interrupted run still renders
+(`--render-only`).
+
+    python research/study_results.py [--protocol reference|blog|baby] [--seeds 0,1,2] [--steps N]
+                                     [--levels 0.8,0.9] [--widths 64,128,256] [--render-only]
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ STUDY = ROOT / "examples" / "study.yaml"
 BLOG_STUDY = ROOT / "examples" / "study_blog.yaml"
 RESULTS = ROOT / "research" / "results" / "study_results.json"
 BLOG_RESULTS = RESULTS.with_name("study_results_blog.json")
+BABY_STUDY = ROOT / "examples" / "study_baby_gpt.yaml"
+BABY_RESULTS = RESULTS.with_name("study_results_baby_gpt.json")
 DENSE_CONTROL = "dense-half-batch"  # research/blog_report.py's control row
 DOCS = ROOT / "docs"
 PROJECTED_SYSTEMS = (1, 2, 4, 16)
@@ -123,6 +134,58 @@ def blog_specs(steps: int | None, seeds: list[int]) -> list[dict[str, Any]]:
             for seed in seeds for job in jobs]
 
 
+def baby_specs(steps: int | None, seeds: list[int], levels: list[float],
+               widths: list[int]) -> list[dict[str, Any]]:
+    """One task per (width, level, seed, variant) of examples/study_baby_gpt.yaml, width-major,
+    then level, then seed: the first width's first level finishes seed by seed before the next.
+    Dense has no level: it runs at the first level only (`level` None)."""
+    import yaml
+
+    from service.api.body import nest_params
+    from service.schemas import StudyCreate
+    from service.studies import variant_spec, variants
+
+    body = yaml.safe_load(BABY_STUDY.read_text(encoding="utf-8"))
+    if steps is not None:
+        body["runconfig"] = {**body["runconfig"], "max_steps": steps,
+                             "eval_frequency": max(1, steps // 8)}
+    tasks = []
+    for width in widths:
+        # nanoGPT's MLP is 4 x the width; heads and depth stay the file's.
+        body["model"] = {**body["model"], "hidden_size": width, "filter_size": 4 * width}
+        for level in levels:
+            study = StudyCreate.model_validate(nest_params({**body, "sparsity": level}, StudyCreate))
+            for seed in seeds:
+                for name, section in variants(study):
+                    if section is None and level != levels[0]:
+                        continue  # dense is the same run at every level
+                    spec = variant_spec(study.params, section, seed)
+                    tasks.append({"variant": name, "seed": seed, "width": width,
+                                  "level": None if section is None else level,
+                                  "params": spec.model_dump(mode="json")})
+    return tasks
+
+
+def baby_key(run: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies a run of the baby-GPT study (its results file holds each once)."""
+    return run["variant"], run["seed"], run["level"], run["width"]
+
+
+def merge_baby(extra: Path) -> None:
+    """Fold a side sweep's results file (`--results`) into the baby study's: its runs the main
+    file lacks, its commands, its wall time (summed: the two may have run side by side)."""
+    main, side = (json.loads(path.read_text()) for path in (BABY_RESULTS, extra))
+    done = {baby_key(run) for run in main["runs"]}
+    runs = main["runs"] + [run for run in side["runs"] if baby_key(run) not in done]
+    commands = main["commands"] + [c for c in side["commands"] if c not in main["commands"]]
+    BABY_RESULTS.write_text(json.dumps({
+        "command": " && ".join(commands), "commands": commands,
+        "seeds": sorted({*main["seeds"], *side["seeds"]}),
+        "total_wall_s": main["total_wall_s"] + side["total_wall_s"],
+        "complete": main["complete"] and side["complete"],
+        "runs": sorted(runs, key=lambda r: (r["seed"], r["variant"]))}, indent=1))
+
+
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -146,9 +209,10 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     tokens = spec.train_input.batch_size * spec.train_input.max_sequence_length
     projections = {str(n): project(model, seq_len=spec.train_input.max_sequence_length, global_tokens=tokens,
                                    num_csx=n).speedup_vs_dense for n in PROJECTED_SYSTEMS}
-    print(f"{task['variant']:<22} seed {task['seed']}: final ppl "
+    extra = {k: task[k] for k in ("level", "width") if k in task}
+    print(f"{task['variant']:<22} seed {task['seed']} {extra or ''}: final ppl "
           f"{summary['final_eval_perplexity']:.3f} in {wall_s:.0f} s", flush=True)
-    return {"variant": task["variant"], "seed": task["seed"], "wall_s": wall_s,
+    return {"variant": task["variant"], "seed": task["seed"], **extra, "wall_s": wall_s,
             "final_ppl": summary["final_eval_perplexity"],
             "best_ppl": summary["best_eval_perplexity"],
             "eval_history": summary["eval_history"], "metrics": recorder.metrics,
@@ -179,26 +243,52 @@ def run_all(tasks: list[dict[str, Any]], processes: int, results: Path, command:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--protocol", choices=("reference", "blog"), default="reference",
-                        help="examples/study.yaml (reference) or examples/study_blog.yaml (blog)")
+    parser.add_argument("--protocol", choices=("reference", "blog", "baby"), default="reference",
+                        help="examples/study.yaml (reference), examples/study_blog.yaml (blog) "
+                             "or examples/study_baby_gpt.yaml (baby)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--steps", type=int, default=None, help="override runconfig.max_steps")
+    parser.add_argument("--levels", default="0.8", help="baby: comma-separated sparsities")
+    parser.add_argument("--widths", default="128", help="baby: comma-separated hidden sizes")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="write the runs here instead of the protocol's results file (a "
+                             "second sweep beside a running one; merge with --merge)")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--variants", default=None,
                         help="comma-separated: run only these; the results file keeps its "
                              "runs of the other variants")
+    parser.add_argument("--merge", type=Path, default=None,
+                        help="baby: fold this --results file into the study's, then render")
     parser.add_argument("--render-only", action="store_true", help="re-render the results JSON")
     args = parser.parse_args()
-    if not args.render_only:
+    if args.merge is not None:
+        merge_baby(args.merge)
+    elif not args.render_only:
         seeds = [int(s) for s in args.seeds.split(",")]
-        blog = args.protocol == "blog"
-        results = BLOG_RESULTS if blog else RESULTS
-        tasks = blog_specs(args.steps, seeds) if blog else run_specs(args.steps, seeds)
+        results = args.results or {"blog": BLOG_RESULTS, "baby": BABY_RESULTS}.get(
+            args.protocol, RESULTS)
         kept = None
+        if args.protocol == "baby":
+            tasks = baby_specs(args.steps, seeds, [float(v) for v in args.levels.split(",")],
+                               [int(w) for w in args.widths.split(",")])
+            done = set()
+            if BABY_RESULTS.exists() and results != BABY_RESULTS:  # a side sweep skips those too
+                done = {baby_key(run) for run in json.loads(BABY_RESULTS.read_text())["runs"]}
+            if results.exists():
+                kept = json.loads(results.read_text())
+                done |= {baby_key(run) for run in kept["runs"]}
+            tasks = [t for t in tasks if baby_key(t) not in done]
+            if kept is not None:
+                seeds = sorted({*kept["seeds"], *seeds})
+                kept["complete"] = True  # this run finishes what the stopped one left
+        elif args.protocol == "blog":
+            tasks = blog_specs(args.steps, seeds)
+        else:
+            tasks = run_specs(args.steps, seeds)
         if args.variants is not None:
             only = set(args.variants.split(","))
             tasks = [t for t in tasks if t["variant"] in only]
-            if results.exists():
+            if results.exists() and args.protocol != "baby":  # baby keeps and resumes instead
                 kept = json.loads(results.read_text())
                 kept["runs"] = [r for r in kept["runs"] if r["variant"] not in only]
         command = "python research/study_results.py " + " ".join(sys.argv[1:])
@@ -211,6 +301,10 @@ def main() -> int:
     render(reference, DOCS, json.loads(cause.read_text()) if cause.exists() else None)
     if BLOG_RESULTS.exists():
         insert_blog_section(DOCS / "results.md", json.loads(BLOG_RESULTS.read_text()), reference)
+    if BABY_RESULTS.exists():  # inserted last, so it leads the page
+        from research.baby_report import insert_baby_section
+
+        insert_baby_section(DOCS / "results.md", json.loads(BABY_RESULTS.read_text()), DOCS)
     print(f"wrote {DOCS / 'results.md'}")
     return 0
 

@@ -18,7 +18,7 @@ import pytest
 
 from service_helpers import REPO_ROOT, ServerProcess, is_alive, processes_with_env, wait_for
 
-MAX_STEPS = 400
+MAX_STEPS = 300
 CHECKPOINT_STEPS = 20
 PARAMS = {
     "train_input": {"batch_size": 4, "max_sequence_length": 16},

@@ -50,7 +50,10 @@ def free_port(host: str = HOST) -> int:
 
 
 def check_port_free(port: int, host: str = HOST) -> None:
+    """ValueError if a server listens on the port. Connections in TIME_WAIT (a minute after a
+    server with clients died) do not count: servers bind with SO_REUSEADDR, and so does this."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as err:

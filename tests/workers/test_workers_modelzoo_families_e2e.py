@@ -1,13 +1,16 @@
 """Issues 21 and 33, done when: every decoder family of the ModelZoo corpus trains a scaled-down proxy
 (its published file unchanged, shrunk with --set, on tiny HDF5 data) on 2 simulated systems
-for 20 steps, with the sparsity held at the file's target in MLflow. The architecture keys
+for 20 steps, with the sparsity held at the file's target (in MLflow through `csx run`; per layer
+and with equal masks on both replicas for the families trained in one job). The architecture keys
 that make each family what it is (GQA, RoPE scaling, sliding window, ALiBi, muP) stay as
 published; only sizes shrink."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
+import ray.cloudpickle
 import torch
 from mlflow import MlflowClient
 
@@ -16,7 +19,12 @@ from workers import cli
 from workers.checkpoint import checkpoint_path, load_checkpoint
 from workers.job import build_sparse_model
 from workers.model import ModelConfig
+from workers.plan import validate_plan
+from workers.runner import run_job
 from workers_helpers import preprocess_texts
+
+# The per-rank loop below runs inside Ray actors, which cannot import this test module.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "modelzoo_corpus"
@@ -24,10 +32,8 @@ TEXT = "".join(f"{i}: to be, or not to be, that is the question.\n" for i in ran
 SEQ = 16
 ROTARY = {"model.rotary_dim": 8}  # the proxy's head size (32 / 4 heads)
 GQA = {"model.extra_attention_params.num_kv_groups": 2}  # 4 query heads share 2 key/value heads
-# StarCoder (its scale_qk_dot_by_layer_idx: False changes nothing: a GPT-2 with multi-query
-# attention), MPT (ALiBi as BTLM, a LayerNorm without bias) and GPT-J / NeoX (Falcon's parallel
-# block, with untied norms in NeoX) add no block of their own here; their keys are tested in
-# test_workers_model_families.py, which keeps this file's time down.
+# The families below train one at a time through `csx run`; the rest of the corpus's families
+# (FAMILIES_IN_ONE_JOB) train in turn inside one 2-system job, which costs one group start.
 # family -> (corpus file, what shrinking that family's features needs besides the sizes,
 #            MLflow params showing the family's feature keys reached the run)
 FAMILIES = {
@@ -61,7 +67,8 @@ def hdf5_data(tmp_path_factory):
                             {"train": TEXT[:2400], "val": TEXT[2400:]}, SEQ)
 
 
-def _proxy(data: Path, family_keys: dict) -> list[str]:
+def _proxy_overrides(data: Path, family_keys: dict) -> list[str]:
+    """`key=value` overrides that shrink a published file to the proxy trained here."""
     overrides = {
         "model.num_hidden_layers": 1, "model.hidden_size": 32, "model.num_heads": 4,
         "model.filter_size": 64, "model.vocab_size": 256, "model.max_position_embeddings": SEQ,
@@ -74,7 +81,11 @@ def _proxy(data: Path, family_keys: dict) -> list[str]:
         "runconfig.mlflow_experiment": "modelzoo-families",
         "runconfig.sparse_kernel": "dense",  # no CSR-vs-dense timing calibration: fast and exact
     }
-    return [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
+    return [f"{key}={value}" for key, value in overrides.items()]
+
+
+def _proxy(data: Path, family_keys: dict) -> list[str]:
+    return [arg for override in _proxy_overrides(data, family_keys) for arg in ("--set", override)]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -129,3 +140,84 @@ def test_mixtral_proxy_trains_rigl_inside_each_expert_with_per_expert_sparsity(h
         name = f"transformer_decoder.layers.0.ffn.experts.experts.{expert}.ffn.0.linear_layer.weight_mask"
         assert int(masks[name].sum()) == int(initial[name].sum())  # RigL keeps each expert's count...
         assert not torch.equal(masks[name], initial[name])  # ...and grows inside that expert
+
+
+TWO_LAYERS = {"model.num_hidden_layers": 2}
+UPDATE_EVERY_5 = {"sparsity.update.freq": 5}  # SET / RigL move masks within the 20 steps
+PARALLEL = {"model_class": "GPTJModel", "position_embedding_type": "rotary"}
+MQA = {"kv_heads": 1}
+# family -> (corpus file, what shrinking that family's features needs besides the sizes, the
+# plan's model fields showing those features built): the families no test above trains, each
+# at its file's target (Static 0.9 / 0.5, SET / RigL 0.75).
+FAMILIES_IN_ONE_JOB = {
+    "bloom-alibi": ("bloom/trainer/r2.5.0_params_bloom_7b.yaml", TWO_LAYERS,
+                    {"position_embedding_type": "alibi"}),
+    "gptj-parallel-rotary": ("gptj/trainer/r2.5.0_params_gptj_6B.yaml", {**TWO_LAYERS, **ROTARY},
+                             {**PARALLEL, "use_untied_layer_norm": False}),
+    "gpt-neox-untied-norms-set": ("gptj/params_v2/r2.2.1_params_gpt_neox_20B.yaml",
+                                  {**TWO_LAYERS, **ROTARY, "sparsity.schedule.freq": 5},
+                                  {**PARALLEL, "use_untied_layer_norm": True}),
+    "jais-alibi-swiglu-mup": ("jais/trainer/r2.5.0_params_jais_13b.yaml", TWO_LAYERS,
+                              {"position_embedding_type": "alibi", "nonlinearity": "swiglu",
+                               "mup_base_hidden_size": 256.0}),
+    "mpt-biasless-layernorm-set": ("mpt/params_v2/r2.2.1_params_mpt_7B.yaml", {**TWO_LAYERS, **UPDATE_EVERY_5},
+                                   {"norm_type": "biasless-layernorm", "position_embedding_type": "alibi"}),
+    "santacoder-mqa-rigl": ("santacoder/trainer/r2.5.0_params_santacoder_1b.yaml",
+                            {**TWO_LAYERS, **UPDATE_EVERY_5}, MQA),
+    "starcoder-mqa": ("starcoder/trainer/r2.5.0_params_starcoder_15b.yaml", TWO_LAYERS, MQA),
+}
+MASKS_MOVE = {"gpt-neox-untied-norms-set", "mpt-biasless-layernorm-set", "santacoder-mqa-rigl"}
+
+
+def train_families_in_turn(specs: dict[str, JobSpec]):
+    """A per-rank loop for the runner: the real loop (workers.train.train) on each family's
+    spec in turn, in one group of 2 actors. Each rank writes what its replica ended with
+    (mask hashes at every update, final density per layer) to rank<r>.json."""
+    def train_each(spec, *, model_dir, rank, **loop_args):
+        from workers.train import train
+
+        del spec  # the runner's spec only sized the group; each family brings its own
+        ended = {}
+        for family, family_spec in specs.items():
+            summary = train(family_spec, model_dir=f"{model_dir}/{family}", rank=rank, **loop_args)
+            ended[family] = {key: summary[key] for key in ("steps", "train_loss", "mask_hashes", "layer_density")}
+        Path(model_dir, f"rank{rank}.json").write_text(json.dumps(ended))
+        return {}
+    return train_each
+
+
+@pytest.fixture(scope="module")
+def families_trained_in_one_job(hdf5_data, tmp_path_factory, ray_session):
+    """Each family's spec and, per rank, what its replica ended with."""
+    specs = {family: JobSpec.from_yaml((CORPUS / path).read_text(),
+                                       [*_proxy_overrides(hdf5_data, keys), "runconfig.num_csx=2"])
+             for family, (path, keys, _) in FAMILIES_IN_ONE_JOB.items()}
+    model_dir = tmp_path_factory.mktemp("families-one-job")
+    run_job(next(iter(specs.values())), num_csx=2, model_dir=str(model_dir), tracking=False,
+            train_fn=train_families_in_turn(specs))
+    return specs, [json.loads((model_dir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("family", FAMILIES_IN_ONE_JOB)
+def test_remaining_families_train_in_one_2_system_job_each_layer_at_target_replicas_equal(
+        family, families_trained_in_one_job):
+    specs, ranks = families_trained_in_one_job
+    replica0, replica1 = ranks[0][family], ranks[1][family]
+    assert replica0["steps"] == replica1["steps"] == 20
+    assert replica0["train_loss"] > 0
+    # Identical masks on both replicas, at the start and after every update.
+    assert replica0["mask_hashes"] == replica1["mask_hashes"]
+    if family in MASKS_MOVE:
+        steps = [step for step, _ in replica0["mask_hashes"]]
+        assert steps == [0, 5, 10, 15, 20]
+        assert len({digest for _, digest in replica0["mask_hashes"]}) == 5  # every update moved them
+    # Every layer at the level the plan schedules for it (the file's target), on both replicas.
+    plan = validate_plan(specs[family], 2)
+    features = FAMILIES_IN_ONE_JOB[family][2]
+    assert {key: plan["model"][key] for key in features} == features
+    planned = {layer["name"]: layer["sparsity"] for layer in plan["layers"] if layer["sparse"]}
+    assert planned and all(level >= 0.5 for level in planned.values())
+    for replica in (replica0, replica1):
+        reached = {name: 1.0 - density for name, density in replica["layer_density"].items()}
+        assert reached.keys() == planned.keys()
+        assert all(reached[name] == pytest.approx(planned[name], abs=1e-3) for name in planned), reached

@@ -1,21 +1,24 @@
 """Weight-streaming step-time model of a Cerebras CS-2 cluster (DESIGN §3), as pure functions.
 
 Per layer ℓ with F_ℓ = 6·W_ℓ FLOPs per token (forward 2, backward 4), density d, T tokens per
-step over N systems, imbalance factor u_ℓ from the real mask (``simulator.placement``):
+step over N systems, imbalance factor u_ℓ from the real mask (``simulator.placement``), and
+r_ℓ the share of the tokens the layer computes on (top_k / num_experts in a routed expert of a
+mixture of experts, 1 elsewhere):
 
-    t_c  = F_ℓ · (d + κ(1 − d)) · u_ℓ · (T / N) / (η · P) + τ
+    t_c  = F_ℓ · (d + κ(1 − d)) · u_ℓ · r_ℓ · (T / N) / (η · P) + τ
     B_w  = min(value_bytes · W, (value_bytes + index_bytes) · nnz)    weights, dense or CSR
     B_g  = grad_bytes · nnz   (grad_bytes · W on RigL/GraNet update steps)
     t_io = (2 · B_w + B_g) / BW_io          weights stream in for forward and for backward
     step = Σ_ℓ max(t_c, t_io) + bubble + h · ceil(log_fanout N) + t_sync
 
 Weights are broadcast to every system (SwarmX), so t_io does not shrink with N while t_c does:
-that is where scaling efficiency ``t_1 / (N · t_N)`` is lost.
+that is where scaling efficiency ``t_1 / (N · t_N)`` is lost. Every expert's weights stream in
+and its gradients out each step (each receives some of the tokens), so r_ℓ scales compute only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -130,7 +133,8 @@ class LayerShape:
 
     row_nnz: non-zeros per output row from the real mask (None = spread evenly), used for the
     load-imbalance term. streams_weights=False marks activation-only products (attention scores),
-    which are dense compute with no weight traffic.
+    which are dense compute with no weight traffic. token_share: the share of the step's tokens
+    the layer computes on (top_k / num_experts for a routed expert; 1 for every other layer).
     """
 
     name: str
@@ -139,10 +143,13 @@ class LayerShape:
     density: float = 1.0
     row_nnz: tuple[int, ...] | None = None
     streams_weights: bool = True
+    token_share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.out_features < 1 or self.in_features < 1:
             raise ValueError(f"{self.name}: out_features and in_features must be >= 1")
+        if not 0.0 < self.token_share <= 1.0:
+            raise ValueError(f"{self.name}: token_share must lie in (0, 1], got {self.token_share}")
         if not 0.0 <= self.density <= 1.0:
             raise ValueError(f"{self.name}: density must lie in [0, 1], got {self.density}")
         if not self.streams_weights and self.density != 1.0:
@@ -157,15 +164,15 @@ class LayerShape:
                                  f"{self.density} implies {self.density * self.weights:.0f}")
 
     @classmethod
-    def from_mask(cls, name: str, mask: torch.Tensor) -> "LayerShape":
+    def from_mask(cls, name: str, mask: torch.Tensor, token_share: float = 1.0) -> "LayerShape":
         """A layer from a live (out, in) bool mask; an all-True mask gives the dense shape."""
         out_features, in_features = mask.shape
         row_nnz = mask.sum(1)
         nnz = int(row_nnz.sum())
         if nnz == mask.numel():
-            return cls(name, out_features, in_features)
+            return cls(name, out_features, in_features, token_share=token_share)
         return cls(name, out_features, in_features, nnz / mask.numel(),
-                   tuple(int(n) for n in row_nnz.tolist()))
+                   tuple(int(n) for n in row_nnz.tolist()), token_share=token_share)
 
     @property
     def weights(self) -> int:
@@ -246,8 +253,8 @@ def project_layer(layer: LayerShape, tokens: int, cluster: WaferScaleCluster,
     work_fraction = layer.density + knobs.zero_cost * (1.0 - layer.density)
     imbalance = imbalance_factor(layer.row_nnz, layer.in_features, system.pe_grid_rows,
                                  knobs.zero_cost)
-    compute_s = (layer.flops_per_token * work_fraction * imbalance * tokens / cluster.num_csx
-                 / (knobs.efficiency * system.peak_flop_per_s) + knobs.layer_overhead_s)
+    compute_s = (layer.flops_per_token * work_fraction * imbalance * layer.token_share * tokens
+                 / cluster.num_csx / (knobs.efficiency * system.peak_flop_per_s) + knobs.layer_overhead_s)
     io_s = 0.0
     if layer.streams_weights:
         weight_bytes = min(knobs.value_bytes * layer.weights,
@@ -304,7 +311,8 @@ def project_step(layers: Sequence[LayerShape], tokens: int, cluster: WaferScaleC
         single_system_step_ms=single_ms,
         overhead_ms=(knobs.bubble_s + knobs.swarmx_hop_s * cluster.swarmx_levels
                      + knobs.sync_s) * 1e3,
-        useful_flops=sum(layer.flops_per_token * layer.density * tokens for layer in layers),
+        useful_flops=sum(layer.flops_per_token * layer.density * layer.token_share * tokens
+                         for layer in layers),
         per_layer=per_layer)
 
 
@@ -331,8 +339,10 @@ def attended_keys(seq_tokens: int, window: int | None = None, sink_tokens: int |
     return seq_tokens if window is None else min(seq_tokens, window + (sink_tokens or 0))
 
 
-def layers_from_model(model: nn.Module, seq_tokens: int | None = None) -> list[LayerShape]:
-    """Every linear layer of `model` with its live `weight_mask` (dense when it has none).
+def layers_from_model(model: nn.Module, seq_tokens: int | None = None,
+                      token_share: Callable[[str], float] | None = None) -> list[LayerShape]:
+    """Every linear layer of `model` with its live `weight_mask` (dense when it has none), and
+    with token_share (a module name -> the share of tokens it computes on) each layer's share.
 
     With seq_tokens (the sequence length), each module whose class name contains "Attention"
     also contributes its QKᵀ and AV products as a dense, activation-only layer
@@ -346,10 +356,12 @@ def layers_from_model(model: nn.Module, seq_tokens: int | None = None) -> list[L
         if isinstance(module, (nn.Linear, CSRLinear)):
             mask = getattr(module, "weight_mask", None)
             label = f"{name}.weight" if name else "weight"
+            share = token_share(name) if token_share is not None else 1.0
             if mask is None:
-                layers.append(LayerShape(label, module.out_features, module.in_features))
+                layers.append(LayerShape(label, module.out_features, module.in_features,
+                                         token_share=share))
             else:
-                layers.append(LayerShape.from_mask(label, mask.detach().cpu()))
+                layers.append(LayerShape.from_mask(label, mask.detach().cpu(), share))
         elif seq_tokens is not None and "attention" in type(module).__name__.lower():
             width = next((child.in_features for child in module.modules()
                           if isinstance(child, (nn.Linear, CSRLinear))), None)

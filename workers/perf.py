@@ -11,10 +11,11 @@ import torch
 def project(model: torch.nn.Module, *, seq_len: int, global_tokens: int, num_csx: int,
             dense_grad: bool = False) -> Any:
     """``simulator.cost_model.project_step`` for one step of ``global_tokens`` tokens split over
-    ``num_csx`` systems, with the layer shapes and densities read from the model's masks."""
+    ``num_csx`` systems, with the layer shapes and densities read from the model's masks and
+    each routed expert computing on the tokens routed to it (``Transformer.token_share``)."""
     from simulator.cost_model import WaferScaleCluster, layers_from_model, project_step
 
-    layers = layers_from_model(model, seq_tokens=seq_len)
+    layers = layers_from_model(model, seq_tokens=seq_len, token_share=getattr(model, "token_share", None))
     return project_step(layers, global_tokens, WaferScaleCluster(num_csx=num_csx),
                         dense_grad=dense_grad)
 

@@ -78,14 +78,15 @@ def _final_targets(alg: Any, max_steps: int) -> tuple[int, dict[str, float]]:
 def _projection(model: nn.Module, densities: dict[str, float], seq_len: int, tokens: int,
                 num_csx: int) -> dict[str, float]:
     """The cost model's step for the model's linear layers at the planned densities (the
-    masks of a meta model hold no values to read)."""
+    masks of a meta model hold no values to read); a routed expert computes on its tokens only."""
     from simulator.cost_model import LayerShape, WaferScaleCluster, project_step
 
     layers = []
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             layers.append(LayerShape(f"{name}.weight", module.out_features, module.in_features,
-                                     density=densities.get(f"{name}.weight", 1.0)))
+                                     density=densities.get(f"{name}.weight", 1.0),
+                                     token_share=model.token_share(name)))
         elif "attention" in type(module).__name__.lower():
             context = _attention_context(model.built, seq_len, int(name.split(".")[2]))
             width = module.proj_q_dense_layer.out_features  # all query heads
@@ -180,7 +181,8 @@ def _at_targets(model: nn.Module, targets: dict[str, float], seq_len: int, token
         sparse_linear += share * nnz
         layers.append({"name": label + (" (tied)" if name == "lm_head" and built.share_embedding_weights else ""),
                        "shape": list(weight.shape), "sparse": label in targets,
-                       "sparsity": 1.0 - nnz / weight.numel(), "nnz": nnz, "numel": weight.numel()})
+                       "sparsity": 1.0 - nnz / weight.numel(), "nnz": nnz, "numel": weight.numel(),
+                       "token_share": share})
     attention = _attention_flops_per_token(built, seq_len)
     dense_forward, sparse_forward = round(2 * dense_linear) + attention, round(2 * sparse_linear) + attention
     densities = {name: 1.0 - level for name, level in targets.items()}

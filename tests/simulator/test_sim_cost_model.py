@@ -36,6 +36,20 @@ def test_single_layer_matches_the_formula_by_hand():
     assert step.step_ms == pytest.approx(expected * 1e3)
 
 
+def test_a_routed_expert_computes_on_its_share_of_the_tokens_and_streams_all_its_weights():
+    expert = LayerShape("experts.0.fc", 1000, 500, density=0.2, token_share=0.25)  # top 2 of 8
+    got = project_layer(expert, tokens=10_000, cluster=WaferScaleCluster(2))
+    compute_s = (6 * 500_000 * (0.2 + 0.1 * 0.8) * 0.25 * 5_000 / (0.5 * 7.48e15)) + 20e-6
+    io_s = (2 * min(2 * 500_000, 4 * 100_000) + 2 * 100_000) / 150e9  # as if every token came
+    assert got.compute_ms == pytest.approx(compute_s * 1e3)
+    assert got.io_ms == pytest.approx(io_s * 1e3)
+    step = project_step([expert], 10_000, WaferScaleCluster(2))
+    assert step.useful_flops == pytest.approx(6 * 500_000 * 0.2 * 0.25 * 10_000)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4))
+    layers = layers_from_model(model, token_share=lambda name: 0.5 if name == "0" else 1.0)
+    assert [layer.token_share for layer in layers] == [0.5, 1.0]
+
+
 def test_dense_model_speedup_is_exactly_one():
     layers = gpt_layer_shapes(**GPT3_125M, density=1.0)
     for n in (1, 3, 16):
@@ -144,6 +158,8 @@ def test_bad_values_are_rejected_by_name():
         CostKnobs(efficiency=0.0)
     with pytest.raises(ValueError, match="density"):
         LayerShape("x", 4, 4, density=1.5)
+    with pytest.raises(ValueError, match="token_share"):
+        LayerShape("x", 4, 4, token_share=0.0)
     with pytest.raises(ValueError, match="row_nnz"):
         LayerShape("x", 2, 4, density=0.5, row_nnz=(4, 4))
     with pytest.raises(ValueError, match="tokens"):

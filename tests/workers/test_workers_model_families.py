@@ -6,6 +6,7 @@ variance_scaling initializer; the published parameter counts of one file per fam
 device); the model class that model.name selects, and hints that cannot change the model."""
 
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -353,3 +354,39 @@ def test_plan_counts_the_flops_of_the_experts_each_token_visits():
                                                   "train_input": {"batch_size": 2, "max_sequence_length": 16}}), 1)
     saved = dense["flops_per_token"]["dense_forward"] - validate_plan(windowed, 1)["flops_per_token"]["dense_forward"]
     assert saved == 2 * 2 * (seq - 4) * width  # layer 1 scores 4 keys instead of 16
+
+
+def test_plan_and_training_project_the_cs2_step_of_the_experts_each_token_visits():
+    """DESIGN §3's step, written out for a dense MoE (4 experts, top 2) on one system: a routed
+    expert computes on half the tokens but streams all its weights; the training loop's
+    projection of the built model agrees with the plan's. 4M tokens a step make the experts
+    compute-bound, so counting all the tokens would cost a third more."""
+    from service.full_size import full_size_layers
+    from simulator.cost_model import WaferScaleCluster
+    from workers.perf import project
+
+    tokens, seq, width = 2 ** 22, 16, 64
+    params = {"model": {"preset": "tiny", "moe": {"num_experts": 4, "top_k": 2}},
+              "train_input": {"batch_size": tokens // seq, "max_sequence_length": seq}}
+    spec = JobSpec.model_validate(params)
+    plan = validate_plan(spec, 1)
+    cluster = WaferScaleCluster(1)
+    rate, knobs = cluster.knobs.efficiency * cluster.system.peak_flop_per_s, cluster.knobs
+
+    def layer_s(weights: int, share: float, streams: bool) -> float:
+        compute = 6 * weights * share * tokens / rate + knobs.layer_overhead_s
+        return max(compute, (2 * 2 * weights + 2 * weights) / cluster.system.io_bytes_per_s if streams else 0.0)
+
+    routed = [re.search(r"\.experts\.experts\.[0-3]\.", layer["name"]) is not None for layer in plan["layers"]]
+    assert sum(routed) == 2 * 4 * 3  # 2 layers x 4 experts x SwiGLU's 3 matrices
+    expected_s = sum(layer_s(layer["numel"], 2 / 4 if is_routed else 1.0, True)
+                     for layer, is_routed in zip(plan["layers"], routed))
+    expected_s += 2 * layer_s(2 * seq * width, 1.0, False)  # each layer's QKᵀ and AV
+    expected_s += knobs.bubble_s + knobs.sync_s  # one system: no SwarmX level
+    assert plan["projection"]["sim_step_ms"] == pytest.approx(expected_s * 1e3)
+    model = build_model(model_config(spec, *planned_shapes(spec)), seed=0)
+    trained = project(model, seq_len=seq, global_tokens=tokens, num_csx=1)
+    assert trained.step_ms == pytest.approx(expected_s * 1e3)
+    # A study's full-size projection takes the same shares from the plan.
+    full_size, _, _ = full_size_layers(params)
+    assert [layer.token_share for layer in full_size if layer.streams_weights] == [0.5 if r else 1.0 for r in routed]

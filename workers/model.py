@@ -844,6 +844,16 @@ class Transformer(nn.Module):
         return [layer.ffn.routing for layer in self.transformer_decoder.layers
                 if isinstance(layer.ffn, SparseMoEBlock) and layer.ffn.routing is not None]
 
+    def router_load(self) -> torch.Tensor | None:
+        """Each MoE layer's routed-expert load in the last forward, (MoE layers, num_experts): the
+        share of the batch's token-to-expert assignments (top_k per token) each expert received,
+        so a row sums to 1 and a balanced router gives 1 / num_experts. None without experts."""
+        routings = self.routings()
+        if not routings:
+            return None
+        counts = torch.stack([chosen.detach().float().sum((0, 1)) for _, chosen in routings])
+        return counts / counts.sum(-1, keepdim=True)
+
     def num_parameters(self) -> int:
         """Unique parameters (a tied head is counted once)."""
         return sum(p.numel() for p in self.parameters())

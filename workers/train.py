@@ -42,6 +42,7 @@ from workers import checkpoint as ckpt
 from workers.data import BatchSampler
 from workers.hdf5 import HDF5BatchSampler
 from workers.job import build_sparse_model, load_data, lr_lambda, make_optimizer, model_config
+from workers.model import ROUTED_EXPERT as EXPERT  # routed and shared experts alike
 from workers.perf import PerfProjector
 from workers.safe_files import read_text
 from workers.precision import Precision, resolve_precision
@@ -81,6 +82,7 @@ class Run:
     end_step: int = 0
     best_eval_loss: float = math.inf
     mask_hashes: list[list[Any]] = field(default_factory=list)
+    router_loads: list[torch.Tensor] = field(default_factory=list)  # per step since the last log (MoE)
     skipped_checkpoints: list[str] = field(default_factory=list)  # damaged ones a resume passed over
     warnings: list[str] = field(default_factory=list)
 
@@ -335,12 +337,16 @@ def _optimizer_step(run: Run, params: list[torch.nn.Parameter], all_reduce: AllR
         _, loss = run.model(inputs.to(run.device), targets.to(run.device))
     (run.scaler.scale(loss) if run.scaler is not None else loss).backward()
     step_loss = loss.detach().float().reshape(1).clone()  # one collective with the grads
+    router_load = run.model.router_load()  # this rank's slice; the global batch's after the collective
     if all_reduce is not None:
         # Before clipping and the optimizer step. Gradients are masked already (the sparsity
         # hooks ran in backward); on an update step RigL/GraNet grow from the averaged dense
         # gradient the hooks captured, so it travels in the same collective.
         dense = run.alg.captured_dense_grads() if run.alg is not None else []
-        all_reduce([p.grad for p in params if p.grad is not None] + dense + [step_loss])
+        all_reduce([p.grad for p in params if p.grad is not None] + dense + [step_loss]
+                   + ([router_load] if router_load is not None else []))
+    if router_load is not None:
+        run.router_loads.append(router_load)
     if run.scaler is not None:
         # Every rank holds the same averaged gradients, so every rank skips the same steps
         # (and, with them, their mask updates).
@@ -400,6 +406,9 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
             # host/: what this machine measured; perf/: the simulated CS-2's projection.
             metrics = {"train/loss": sum(window_losses) / len(window_losses), "lr": lr,
                        "host/tokens_per_s": tokens_per_s, **projector.metrics(dense_grad)}
+            if run.router_loads:
+                metrics.update(router_load_metrics(run.router_loads))
+                run.router_loads.clear()
             if run.alg is None:
                 metrics["sparsity/global"] = 0.0  # so dense shows in the sparsity chart too
             else:  # mask/* belong to update steps, logged there
@@ -425,12 +434,34 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
 
 
 def _sparsity_metrics(alg: Any, step: int) -> dict[str, float]:
-    """`alg.metrics()` with each layer's scheduled target at `step`: GraNet's update records
-    the levels its global pruning reached, which equal the actual ones."""
+    """`alg.metrics()` with each layer's scheduled target at `step` (GraNet's update records
+    the levels its global pruning reached, which equal the actual ones), and each expert's."""
     metrics = alg.metrics()
     for name, level in alg.layer_targets(step).items():
         metrics[f"sparsity/{name}/target"] = float(level)
+    metrics.update(expert_sparsity_metrics(alg))
     return metrics
+
+
+def expert_sparsity_metrics(alg: Any) -> dict[str, float]:
+    """`experts/sparsity/L<layer>.expert<e>`: the sparsity of all of an expert's sparse matrices
+    together (the per-matrix levels are `sparsity/<param>/actual`); {} without experts."""
+    live: dict[str, list[int]] = {}
+    for name, _, mask in alg.sparse_parameters():
+        if (match := EXPERT.match(name)) is not None:
+            counts = live.setdefault(f"experts/sparsity/L{int(match[1]):02d}.expert{match[2]}", [0, 0])
+            counts[0] += int(mask.sum())
+            counts[1] += mask.numel()
+    return {key: 1.0 - nonzero / total for key, (nonzero, total) in live.items()}
+
+
+def router_load_metrics(loads: list[torch.Tensor]) -> dict[str, float]:
+    """`router/load/L<layer>.expert<e>`: the share of a MoE layer's token-to-expert assignments
+    each routed expert received (Transformer.router_load), averaged over `loads`, the steps
+    since the last log. Every decoder layer of a MoE model is a MoE layer, so row i is layer i."""
+    window = torch.stack(loads).mean(0).tolist()
+    return {f"router/load/L{layer:02d}.expert{expert}": share
+            for layer, row in enumerate(window) for expert, share in enumerate(row)}
 
 
 def _record_eval(run: Run, metrics: dict[str, float], summary: dict[str, Any], log: _MetricLog) -> None:

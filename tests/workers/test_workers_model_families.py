@@ -273,6 +273,22 @@ def test_router_runs_in_float32_under_autocast_when_router_fp32():
     assert all(probs.dtype == torch.bfloat16 for probs, _ in half.routings())
 
 
+def test_router_load_is_each_experts_share_of_the_top_k_choices_by_hand():
+    model = build_model(replace(LLAMA, moe=MOE), seed=0)
+    inputs = []  # what each MoE block's router saw
+    for layer in model.transformer_decoder.layers:
+        layer.ffn.register_forward_pre_hook(lambda _, args: inputs.append(args[0].detach()))
+    with torch.no_grad():
+        model(tokens(length=24, vocab=64))
+    load = model.router_load()
+    assert load.shape == (2, 4)
+    for row, (x, layer) in zip(load, zip(inputs, model.transformer_decoder.layers)):
+        chosen = (x.reshape(-1, 32) @ layer.ffn.gate.weight.T).topk(2, dim=-1).indices  # softmax keeps the order
+        expected = torch.bincount(chosen.flatten(), minlength=4) / chosen.numel()
+        assert torch.allclose(row, expected) and float(row.sum()) == pytest.approx(1.0)
+    assert build_model(LLAMA, seed=0).router_load() is None
+
+
 def test_expert_weights_take_modelzoo_names_and_sparsity_leaves_the_router_dense():
     model = build_model(replace(LLAMA, moe=MOE), seed=0)
     names = [name for name, _ in model.named_parameters()]

@@ -116,7 +116,8 @@ def test_mixtral_proxy_trains_rigl_inside_each_expert_with_per_expert_sparsity(h
                                                                                  monkeypatch, capsys):
     """ModelZoo's MoE 111M file (RigL on '*linear_layer.weight', ScalePerParamLR) on 2 systems:
     every expert matrix has its own mask at the target, RigL moves weights within each expert
-    (same count, other positions), and the router stays dense."""
+    (same count, other positions), the router stays dense, and the run shows each expert's
+    sparsity and router load."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
     run_dir = tmp_path / "run"
     args = ["run", "--params", str(CORPUS / "mixtral/trainer/r2.5.0_params_moe_111M_base.yaml"), "--num_csx", "2",
@@ -129,6 +130,13 @@ def test_mixtral_proxy_trains_rigl_inside_each_expert_with_per_expert_sparsity(h
     experts = {key: value for key, value in run.data.metrics.items() if key.startswith("weights/sparsity/L00.expert")}
     assert sorted(experts) == [f"weights/sparsity/L00.expert{e}.ffn{i}" for e in range(4) for i in (0, 1)]
     assert all(value == pytest.approx(target, abs=0.01) for value in experts.values()), experts
+    per_expert = {key: value for key, value in run.data.metrics.items() if key.startswith("experts/sparsity/")}
+    assert sorted(per_expert) == [f"experts/sparsity/L00.expert{e}" for e in range(4)]
+    assert all(value == pytest.approx(target, abs=0.01) for value in per_expert.values()), per_expert
+    # Rank 0 logs the router load of the global batch: each layer's shares of its assignments sum to 1.
+    loads = {key: value for key, value in run.data.metrics.items() if key.startswith("router/load/")}
+    assert sorted(loads) == [f"router/load/L00.expert{e}" for e in range(4)]
+    assert sum(loads.values()) == pytest.approx(1.0)
 
     final = load_checkpoint(checkpoint_path(run_dir, 20))
     spec = JobSpec.model_validate(final["spec"])

@@ -225,3 +225,47 @@ def test_optimizer_uses_the_fused_cpu_kernel_unless_the_class_has_none():
     assert [g["weight_decay"] for g in adamw.param_groups] == [0.1, 0.0]
     rmsprop = make_optimizer(OptimizerSpec(optimizer_type="RMSprop"), model)
     assert "fused" not in rmsprop.defaults
+
+
+MOE_SPEC = """
+train_input: {batch_size: 4, max_sequence_length: 16}
+model: {preset: tiny, moe: {num_experts: 4, top_k: 2}}
+sparsity: {algorithm: static, sparsity: 0.5, param_filter: '*linear_layer.weight'}  # ModelZoo's MoE filter
+runconfig: {max_steps: 10, log_steps: 5, seed: 0, mlflow_experiment: "", sparse_kernel: dense}
+"""
+
+
+def test_a_moe_run_shows_router_load_and_each_experts_sparsity_in_mlflow(tmp_path, monkeypatch):
+    """Read back from a local file store (no database schema to create): per layer and expert,
+    the router load of every log step (the mean of the steps since the last one, as the model
+    reported them) and the sparsity of all the expert's matrices together."""
+    from mlflow import MlflowClient
+
+    from workers.model import Transformer
+    from workers.tracking import Tracker
+
+    reported = []
+    router_load = Transformer.router_load
+
+    def recording_router_load(model):
+        reported.append(router_load(model))
+        return reported[-1]
+
+    monkeypatch.setattr(Transformer, "router_load", recording_router_load)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this
+    tracking_uri = (tmp_path / "mlruns").as_uri()
+    tracker = Tracker("moe-metrics", tracking_uri=tracking_uri)
+    train(JobSpec.from_yaml(MOE_SPEC), model_dir=str(tmp_path / "run"), tracker=tracker)
+    tracker.flush()
+    client = MlflowClient(tracking_uri=tracking_uri)
+    assert len(reported) == 10  # one per step
+    for layer in range(2):
+        loads = [client.get_metric_history(tracker.run_id, f"router/load/L{layer:02d}.expert{e}") for e in range(4)]
+        assert all([m.step for m in history] == [5, 10] for history in loads)
+        for index, window in enumerate((reported[:5], reported[5:])):
+            logged = [history[index].value for history in loads]
+            assert logged == pytest.approx(torch.stack(window).mean(0)[layer].tolist())
+            assert sum(logged) == pytest.approx(1.0)
+        for expert in range(4):
+            history = client.get_metric_history(tracker.run_id, f"experts/sparsity/L{layer:02d}.expert{expert}")
+            assert [m.step for m in history] == [0, 5, 10] and all(m.value == pytest.approx(0.5) for m in history)

@@ -236,34 +236,44 @@ runconfig: {max_steps: 10, log_steps: 5, seed: 0, mlflow_experiment: "", sparse_
 
 
 def test_a_moe_run_shows_router_load_and_each_experts_sparsity_in_mlflow(tmp_path, monkeypatch):
-    """Read back from a local file store (no database schema to create): per layer and expert,
-    the router load of every log step (the mean of the steps since the last one, as the model
-    reported them) and the sparsity of all the expert's matrices together."""
+    """Rank 0 of 2, with a stand-in collective whose other rank routed each token to the mirror
+    image of rank 0's choice. Read back from a local file store (no database schema to create):
+    per layer and expert, the router load of every log step (the global batch's: the mean over
+    ranks, then over the steps since the last log) and the sparsity of all the expert's
+    matrices together."""
     from mlflow import MlflowClient
 
     from workers.model import Transformer
     from workers.tracking import Tracker
 
-    reported = []
+    loads, rank0 = [], []  # the tensors router_load returned, and their values on rank 0
     router_load = Transformer.router_load
 
     def recording_router_load(model):
-        reported.append(router_load(model))
-        return reported[-1]
+        loads.append(router_load(model))
+        rank0.append(loads[-1].clone())
+        return loads[-1]
+
+    def all_reduce(tensors):  # gradients, loss and mask hashes as if both ranks agreed
+        for tensor in tensors:
+            if any(tensor is load for load in loads):
+                tensor.copy_((tensor + tensor.flip(-1)) / 2)
 
     monkeypatch.setattr(Transformer, "router_load", recording_router_load)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this
     tracking_uri = (tmp_path / "mlruns").as_uri()
     tracker = Tracker("moe-metrics", tracking_uri=tracking_uri)
-    train(JobSpec.from_yaml(MOE_SPEC), model_dir=str(tmp_path / "run"), tracker=tracker)
+    train(JobSpec.from_yaml(MOE_SPEC), model_dir=str(tmp_path / "run"), rank=0, world_size=2,
+          all_reduce=all_reduce, tracker=tracker)
     tracker.flush()
     client = MlflowClient(tracking_uri=tracking_uri)
-    assert len(reported) == 10  # one per step
+    assert len(rank0) == 10  # one per step
+    global_loads = [(load + load.flip(-1)) / 2 for load in rank0]
     for layer in range(2):
-        loads = [client.get_metric_history(tracker.run_id, f"router/load/L{layer:02d}.expert{e}") for e in range(4)]
-        assert all([m.step for m in history] == [5, 10] for history in loads)
-        for index, window in enumerate((reported[:5], reported[5:])):
-            logged = [history[index].value for history in loads]
+        histories = [client.get_metric_history(tracker.run_id, f"router/load/L{layer:02d}.expert{e}") for e in range(4)]
+        assert all([m.step for m in history] == [5, 10] for history in histories)
+        for index, window in enumerate((global_loads[:5], global_loads[5:])):
+            logged = [history[index].value for history in histories]
             assert logged == pytest.approx(torch.stack(window).mean(0)[layer].tolist())
             assert sum(logged) == pytest.approx(1.0)
         for expert in range(4):

@@ -1,7 +1,8 @@
 """Issues 21 and 33, done when: every decoder family of the ModelZoo corpus trains a scaled-down proxy
 (its published file unchanged, shrunk with --set, on tiny HDF5 data) on 2 simulated systems
-for 20 steps, with the sparsity held at the file's target (in MLflow through `csx run`; per layer
-and with equal masks on both replicas for the families trained in one job). The architecture keys
+for 20 steps, every layer at the file's target and equal masks on both replicas, all families in
+turn inside one job (one group start); one file also through `csx run`, read back from MLflow, and
+the Mixtral proxy with RigL inside each expert. The architecture keys
 that make each family what it is (GQA, RoPE scaling, sliding window, ALiBi, muP) stay as
 published; only sizes shrink."""
 
@@ -32,33 +33,10 @@ TEXT = "".join(f"{i}: to be, or not to be, that is the question.\n" for i in ran
 SEQ = 16
 ROTARY = {"model.rotary_dim": 8}  # the proxy's head size (32 / 4 heads)
 GQA = {"model.extra_attention_params.num_kv_groups": 2}  # 4 query heads share 2 key/value heads
-# The families below train one at a time through `csx run`; the rest of the corpus's families
-# (FAMILIES_IN_ONE_JOB) train in turn inside one 2-system job, which costs one group start.
-# family -> (corpus file, what shrinking that family's features needs besides the sizes,
-#            MLflow params showing the family's feature keys reached the run)
-FAMILIES = {
-    "gpt2": ("gpt2/params_v1/r1.7.0_params_gpt2_small.yaml", {}, {}),
-    "gpt3": ("gpt3/trainer/r2.4.0_sparsity_pretraining_params_gpt3_125m_rigl75.yaml", {}, {}),
-    "cerebras-gpt-mup": ("gpt3/params_v1/r1.9.1_Cerebras_GPT_111m_mup.yaml", {},
-                         {"model.embeddings_scale": "10.0", "model.scale_qk_dot_by_d": "True",
-                          "optimizer.adjust_learning_rate.decoder_kernel": str(1 / 3)}),
-    "llama2": ("llama/params_v2/r2.1.0_params_llama2_13b.yaml", ROTARY, {"model.norm_type": "rmsnorm"}),
-    "llama3-gqa-rope-scaling": ("llama/params_v2/r2.3.1_params_llama3p1_8b_msl_8k.yaml", {**ROTARY, **GQA},
-                                {"model.pos_scaling_type": "llama3", "model.extra_attention_params.num_kv_groups": "2"}),
-    "mistral-sliding-window": ("mistral/trainer/r2.4.0_params_mistral_7B.yaml",
-                               {**ROTARY, **GQA, "model.attention_sliding_window_length": SEQ // 2},
-                               {"model.attention_sliding_window_length": str(SEQ // 2)}),
-    "btlm-alibi-mup": ("btlm/trainer/r2.5.0_params_btlm_2p7b_8k.yaml", {},
-                       {"model.position_embedding_type": "alibi", "model.mup_base_hidden_size": "256.0"}),
-    "falcon-parallel-mqa": ("falcon/trainer/r2.5.0_params_falcon_7b.yaml", ROTARY,
-                            {"model.name": "falcon", "model.extra_attention_params.num_kv_groups": "1"}),
-    "gemma2-softcap-sandwich-alternating-window": (
-        "gemma2/trainer/r2.5.0_params_gemma2_9b_msl8k.yaml",
-        {**ROTARY, **GQA, "model.attention_inner_dim": 32, "model.num_hidden_layers": 2,
-         "model.attention_sliding_window_length": SEQ // 2},
-        {"model.final_logit_softcapping": "30.0", "model.norm_first_sandwich": "True",
-         "model.sliding_window_every_other_decoder_layer": "True"}),
-}
+# One corpus file trains through `csx run` and shows in MLflow (the CLI path every family shares);
+# every other family trains in turn inside one 2-system job (FAMILIES_IN_ONE_JOB), which costs one
+# group start instead of one per family.
+CLI_FILE = "gpt3/trainer/r2.4.0_sparsity_pretraining_params_gpt3_125m_rigl75.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +66,11 @@ def _proxy(data: Path, family_keys: dict) -> list[str]:
     return [arg for override in _proxy_overrides(data, family_keys) for arg in ("--set", override)]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_every_family_trains_a_proxy_on_2_systems_with_sparsity_at_target(family, hdf5_data, tmp_path,
-                                                                          tracking_uri, monkeypatch, capsys):
+def test_a_corpus_file_trains_a_proxy_through_csx_run_on_2_systems_with_sparsity_at_target(
+        hdf5_data, tmp_path, tracking_uri, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
-    path, family_keys, features = FAMILIES[family]
-    args = ["run", "--params", str(CORPUS / path), "--num_csx", "2", "--model_dir", str(tmp_path / "run"),
-            *_proxy(hdf5_data, family_keys)]
+    args = ["run", "--params", str(CORPUS / CLI_FILE), "--num_csx", "2", "--model_dir", str(tmp_path / "run"),
+            *_proxy(hdf5_data, {})]
     assert cli.main(args) == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 20 and summary["num_csx"] == 2
@@ -102,7 +78,6 @@ def test_every_family_trains_a_proxy_on_2_systems_with_sparsity_at_target(family
     client = MlflowClient(tracking_uri=tracking_uri)
     run = client.get_run(summary["run_id"])
     assert run.info.status == "FINISHED" and run.data.params["model.hidden_size"] == "32"
-    assert {key: run.data.params.get(key) for key in features} == features
     target = float(run.data.params["target_sparsity"])
     assert target > 0
     history = client.get_metric_history(run.info.run_id, "sparsity/global")
@@ -155,9 +130,29 @@ UPDATE_EVERY_5 = {"sparsity.update.freq": 5}  # SET / RigL move masks within the
 PARALLEL = {"model_class": "GPTJModel", "position_embedding_type": "rotary"}
 MQA = {"kv_heads": 1}
 # family -> (corpus file, what shrinking that family's features needs besides the sizes, the
-# plan's model fields showing those features built): the families no test above trains, each
-# at its file's target (Static 0.9 / 0.5, SET / RigL 0.75).
+# plan's model fields showing those features built), each at its file's target.
 FAMILIES_IN_ONE_JOB = {
+    "gpt2": ("gpt2/params_v1/r1.7.0_params_gpt2_small.yaml", TWO_LAYERS,
+             {"position_embedding_type": "learned", "norm_type": "layernorm", "nonlinearity": "gelu"}),
+    "cerebras-gpt-mup": ("gpt3/params_v1/r1.9.1_Cerebras_GPT_111m_mup.yaml", TWO_LAYERS,
+                         {"embeddings_scale": 10.0, "scale_qk_dot_by_d": True}),
+    "llama2": ("llama/params_v2/r2.1.0_params_llama2_13b.yaml", {**TWO_LAYERS, **ROTARY},
+               {"norm_type": "rmsnorm", "nonlinearity": "swiglu", "position_embedding_type": "rotary"}),
+    "llama3-gqa-rope-scaling": ("llama/params_v2/r2.3.1_params_llama3p1_8b_msl_8k.yaml",
+                                {**TWO_LAYERS, **ROTARY, **GQA}, {"pos_scaling_type": "llama3", "kv_heads": 2}),
+    "mistral-sliding-window": ("mistral/trainer/r2.4.0_params_mistral_7B.yaml",
+                               {**TWO_LAYERS, **ROTARY, **GQA, "model.attention_sliding_window_length": SEQ // 2},
+                               {"attention_sliding_window_length": SEQ // 2, "kv_heads": 2}),
+    "btlm-alibi-mup": ("btlm/trainer/r2.5.0_params_btlm_2p7b_8k.yaml", TWO_LAYERS,
+                       {"position_embedding_type": "alibi", "mup_base_hidden_size": 256.0}),
+    "falcon-parallel-mqa": ("falcon/trainer/r2.5.0_params_falcon_7b.yaml", {**TWO_LAYERS, **ROTARY},
+                            {**PARALLEL, **MQA}),
+    "gemma2-softcap-sandwich-alternating-window": (
+        "gemma2/trainer/r2.5.0_params_gemma2_9b_msl8k.yaml",
+        {**TWO_LAYERS, **ROTARY, **GQA, "model.attention_inner_dim": 32,
+         "model.attention_sliding_window_length": SEQ // 2},
+        {"final_logit_softcapping": 30.0, "norm_first_sandwich": True,
+         "sliding_window_every_other_decoder_layer": True}),
     "bloom-alibi": ("bloom/trainer/r2.5.0_params_bloom_7b.yaml", TWO_LAYERS,
                     {"position_embedding_type": "alibi"}),
     "gptj-parallel-rotary": ("gptj/trainer/r2.5.0_params_gptj_6B.yaml", {**TWO_LAYERS, **ROTARY},
@@ -207,7 +202,7 @@ def families_trained_in_one_job(hdf5_data, tmp_path_factory, ray_session):
 
 
 @pytest.mark.parametrize("family", FAMILIES_IN_ONE_JOB)
-def test_remaining_families_train_in_one_2_system_job_each_layer_at_target_replicas_equal(
+def test_every_family_trains_in_one_2_system_job_each_layer_at_target_replicas_equal(
         family, families_trained_in_one_job):
     specs, ranks = families_trained_in_one_job
     replica0, replica1 = ranks[0][family], ranks[1][family]

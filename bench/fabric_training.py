@@ -73,8 +73,8 @@ def clock() -> float:
 
 
 class Run:
-    """One model + RigL + AdamW, masked dense or through a fabric (`compile`: a
-    ``simulator.compile``, this tree's or an older commit's)."""
+    """One model + RigL + AdamW, masked dense or through a fabric (`compile`: this tree's
+    ``simulator.compile``, its weights as values, or an older commit's)."""
 
     def __init__(self, model_name: str, compile=None) -> None:
         self.fabric = compile is simulator.compile
@@ -82,10 +82,12 @@ class Run:
         self.algorithm = sparsity.RigL(sparsity=SPARSITY, update={"freq": UPDATE_FREQ},
                                        drop_fraction=0.3, seed=0)
         self.algorithm.apply(self.model)
-        if compile is not None:
-            compile(self.model, self.algorithm, tokens=BATCH * SEQ_LEN)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-3, fused=True)
         self.algorithm.apply(self.optimizer)
+        if self.fabric:  # weights as values: the optimizer steps the CSR layers' non-zeros
+            compile(self.model, self.algorithm, tokens=BATCH * SEQ_LEN, optimizer=self.optimizer)
+        elif compile is not None:
+            compile(self.model, self.algorithm, tokens=BATCH * SEQ_LEN)
         self.losses: list[float] = []
         self.timed_s = 0.0
 

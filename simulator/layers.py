@@ -99,7 +99,7 @@ class CSRLinear(nn.Module):
         self.decision: LayerDecision | None = None
         self.optimizers = tuple(optimizers)
         # The live values while the optimizers step them (None: the dense weight is live).
-        self._values: nn.Parameter | None = None
+        self._set_values(None)
         if self.optimizers:
             self.register_state_dict_pre_hook(lambda module, *_: module.write_back())
             self._register_load_state_dict_pre_hook(lambda *_: self.use_dense_weight())
@@ -189,7 +189,7 @@ class CSRLinear(nn.Module):
 
         for optimizer in self.optimizers:
             _replace_parameter(optimizer, values, self.weight, scatter)
-        self._values = None
+        self._set_values(None)
 
     def _use_values(self) -> None:
         """Make the values live: gathered from the dense weight, in its place in the optimizers
@@ -204,7 +204,11 @@ class CSRLinear(nn.Module):
         values = nn.Parameter(gather(self.weight))
         for optimizer in self.optimizers:
             _replace_parameter(optimizer, self.weight, values, gather)
-        self._values = values
+        self._set_values(values)
+
+    def _set_values(self, values: nn.Parameter | None) -> None:
+        # Not a registered parameter: state_dict() and parameters() stay those of the dense layer.
+        self.__dict__["_values"] = values
 
     def _updates_masks_after_this_step(self) -> bool:
         algorithm = self.algorithm

@@ -312,7 +312,9 @@ def compile_model(model: nn.Module, algorithm: Any = None, *, kernel: KernelPoli
         tokens: Tokens per batch assumed for the first decision.
         calibration: A fixed crossover calibration instead of measuring one.
         optimizer: The optimizer of `model`, or None (the CSR layers then compute on the
-            dense weights, gathering their non-zeros every call).
+            dense weights, gathering their non-zeros every call). A layer learns that a step
+            updates masks in that step's forward, so every step needs a forward with
+            gradients enabled (a training step has one) before ``optimizer.step()``.
 
     Returns:
         The model, changed in place (or the CSR layer when `model` itself is a masked linear

@@ -130,8 +130,9 @@ def test_values_training_equals_dense_weight_and_masked_dense_training(
 
 @pytest.mark.parametrize("algorithm", ["rigl", "granet"])
 def test_a_resume_of_values_training_continues_bit_identically(algorithm):
-    """Checkpoint mid-period (values live), at an update step's end, and resume in a fresh
-    model and optimizer: the same steps as the run that went on, and its checkpoints."""
+    """Checkpoint mid-period (values live) and load it into a model and optimizer trained
+    elsewhere (their values live too): the same steps as the run that went on, through an
+    update step, and its checkpoints."""
     data = batches(10, 40, seed=3)
     straight = Training("values", algorithm, 32, seed=3)
     for x, y in data[:4]:
@@ -139,6 +140,9 @@ def test_a_resume_of_values_training_continues_bit_identically(algorithm):
     checkpoint = saved(straight.checkpoint())
     assert_bit_identical(checkpoint, saved(_trained("csr", algorithm, data[:4]).checkpoint()))
     resumed = Training("values", algorithm, 32, seed=99)
+    for x, y in data[8:]:  # other weights, live as values, when the checkpoint loads
+        resumed.step(x, y)
+    assert resumed.model[0].values is not None
     resumed.load(checkpoint)
     for x, y in data[4:]:
         assert resumed.step(x, y) == straight.step(x, y)

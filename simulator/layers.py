@@ -205,6 +205,8 @@ class CSRLinear(nn.Module):
         for optimizer in self.optimizers:
             _replace_parameter(optimizer, self.weight, values, gather)
         self._set_values(values)
+        # A dense gradient left from the update step: no optimizer would clear it any more.
+        self.weight.grad = None
 
     def _set_values(self, values: nn.Parameter | None) -> None:
         # Not a registered parameter: state_dict() and parameters() stay those of the dense layer.

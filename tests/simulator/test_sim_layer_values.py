@@ -160,7 +160,7 @@ def test_ordinary_steps_step_the_values_and_update_steps_the_dense_weight():
     run = Training("values", "rigl", 32, seed=0)
     layer, optimizer = run.model[0], run.optimizer
     stepped = lambda: {id(p) for group in optimizer.param_groups for p in group["params"]}
-    data = batches(3, 16, seed=0)
+    data = batches(4, 16, seed=0)
     run.step(*data[0])  # step 1: ordinary
     nnz = int(layer.weight_mask.sum())
     assert layer.values is not None and layer.values.shape == (padded_length(nnz),)
@@ -173,6 +173,10 @@ def test_ordinary_steps_step_the_values_and_update_steps_the_dense_weight():
     run.step(*data[2])  # step 3 updates the masks: it runs on the dense weight
     assert layer.values is None and id(layer.weight) in stepped()
     assert layer.weight.grad is not None and layer.weight.grad.shape == layer.weight.shape
+    run.step(*data[3])  # step 4: the values again, of the new mask
+    nnz = int(layer.weight_mask.sum())
+    assert layer.values.shape == (padded_length(nnz),) and id(layer.values) in stepped()
+    assert layer.weight.grad is None
 
 
 def test_compile_rejects_an_optimizer_that_is_none_or_an_algorithm_without_a_schedule():

@@ -5,7 +5,8 @@ a wider proxy of it (hidden 512, feed-forward 1280, same depth, batch and sequen
 both runs start from the same weights and the same RigL masks (90%, an update every 10 steps,
 so update steps with their dense weight gradient are timed too) and see the same batches; the
 masked dense run is what training without the simulator does (sparsity hooks on a dense model),
-the fabric run is the same model after ``simulator.compile``, which picks CSR or dense per
+the fabric run is the same model after ``simulator.compile`` (with the optimizer: the CSR
+layers' weights are values, the optimizer steps their non-zeros), which picks CSR or dense per
 layer by the measured crossover rule. The runs are stepped alternately so load from other
 processes hits both alike. With --before COMMIT, a third run goes through that commit's
 simulator (loaded as bench/csr_linear.py does), stepped in turn with the other two: a
@@ -16,7 +17,8 @@ model's projected CS-2 step. Target (issue 35): fabric >= 2.5x the masked dense 
 wide proxy.
 
 The ceiling beside it (Amdahl's law, measured): each masked layer's forward+backward is timed
-alone, masked dense and CSR, at the run's token count. Their masked dense share of the masked
+alone, masked dense and CSR (over the weights' values, as the fabric run's ordinary steps),
+at the run's token count. Their masked dense share of the masked
 dense step bounds the ratio any kernel could reach (the layers taking no time at all); with the
 layers at the FLOP limit (masked dense time x density: sparse kernels as fast per useful FLOP as
 the dense GEMM) it gives what a perfect kernel would reach; swapping in the CSR times predicts
@@ -41,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
 import simulator  # noqa: E402
+from simulator.csr import weight_values  # noqa: E402
 import sparsity  # noqa: E402
 from workers.model import build_model, preset_config  # noqa: E402
 
@@ -73,8 +76,8 @@ def clock() -> float:
 
 
 class Run:
-    """One model + RigL + AdamW, masked dense or through a fabric (`compile`: a
-    ``simulator.compile``, this tree's or an older commit's)."""
+    """One model + RigL + AdamW, masked dense or through a fabric (`compile`: this tree's
+    ``simulator.compile``, its weights as values, or an older commit's)."""
 
     def __init__(self, model_name: str, compile=None) -> None:
         self.fabric = compile is simulator.compile
@@ -82,10 +85,12 @@ class Run:
         self.algorithm = sparsity.RigL(sparsity=SPARSITY, update={"freq": UPDATE_FREQ},
                                        drop_fraction=0.3, seed=0)
         self.algorithm.apply(self.model)
-        if compile is not None:
-            compile(self.model, self.algorithm, tokens=BATCH * SEQ_LEN)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-3, fused=True)
         self.algorithm.apply(self.optimizer)
+        if self.fabric:  # weights as values: the optimizer steps the CSR layers' non-zeros
+            compile(self.model, self.algorithm, tokens=BATCH * SEQ_LEN, optimizer=self.optimizer)
+        elif compile is not None:
+            compile(self.model, self.algorithm, tokens=BATCH * SEQ_LEN)
         self.losses: list[float] = []
         self.timed_s = 0.0
 
@@ -119,15 +124,17 @@ class Run:
 
 def layer_fwd_bwd_ms(layer: simulator.CSRLinear, tokens: int, reps: int = 5) -> dict[str, float]:
     """Fastest forward+backward (ms) of one masked layer alone, as the masked dense run
-    computes it (F.linear over W * mask) and in CSR; the two alternate."""
+    computes it (F.linear over W * mask) and in CSR over the weight's values; the two
+    alternate."""
     gen = torch.Generator().manual_seed(0)
     mask = layer.weight_mask
     weight = layer.weight.detach().clone().requires_grad_(True)
     x = torch.randn(tokens, layer.in_features, generator=gen).requires_grad_(True)
     upstream = torch.randn(tokens, layer.out_features, generator=gen)
     structure = simulator.CSRStructure.from_mask(mask)
+    values = weight_values(None, structure, weight.detach()).requires_grad_(True)
     return fastest_ms({"masked_dense": lambda: dense_step(x, weight, mask, upstream),
-                       "csr": lambda: csr_step(x, weight, structure, upstream, "auto")}, reps)
+                       "csr": lambda: csr_step(x, values, structure, upstream, "auto")}, reps)
 
 
 def amdahl(dense: dict, fabric_model: torch.nn.Module) -> dict:

@@ -36,6 +36,16 @@ from simulator.native import KernelLibrary, load_kernels
 
 Backend = Literal["auto", "native", "torch"]
 BACKENDS = ("auto", "native", "torch")
+# Weight values may be padded with zeros to a multiple of this many entries (their gradient is
+# 0 there): torch's fused optimizer steps compute the last `length % vector width` entries of a
+# tensor by scalar code that rounds differently from the vector code, so without padding the
+# last non-zeros would drift from the same entries of a dense weight by an ulp now and then.
+VALUES_ALIGNMENT = 64
+
+
+def padded_length(nnz: int) -> int:
+    """The length of weight values padded to :data:`VALUES_ALIGNMENT`."""
+    return -(-nnz // VALUES_ALIGNMENT) * VALUES_ALIGNMENT
 
 
 @dataclass(frozen=True)
@@ -136,6 +146,7 @@ class CSRLinearFunction(torch.autograd.Function):
             structure, dense_grad, backend, kernels)
         ctx.has_bias = bias is not None
         ctx.values_given = weight.dim() == 1
+        ctx.values_length = weight.numel()
         vals = (weight.detach() if ctx.values_given
                 else weight_values(kernels, structure, weight.detach()))
         bias = None if bias is None else bias.detach()
@@ -143,7 +154,8 @@ class CSRLinearFunction(torch.autograd.Function):
             y, packed_x = native_forward(kernels, structure, vals, bias, x)
             ctx.save_for_backward(vals, x if dense_grad else None, packed_x)
             return y
-        w_csr = _csr_tensor(structure.indptr, structure.cols, vals, structure.shape)
+        w_csr = _csr_tensor(structure.indptr, structure.cols, vals[:structure.nnz],
+                            structure.shape)
         y = torch.sparse.mm(w_csr, x.t()).t()
         if bias is not None:
             y = y + bias
@@ -168,7 +180,8 @@ class CSRLinearFunction(torch.autograd.Function):
                                            grad_y.shape[0])
             if sampled_w:
                 grad_w = native_weight_grad(ctx.kernels, structure, packed_grad, packed_x,
-                                            dense=not ctx.values_given)
+                                            dense=not ctx.values_given,
+                                            length=ctx.values_length)
         elif ctx.backend == "torch":
             if need_x:
                 vals_t = vals.index_select(0, structure.transpose_order)
@@ -182,6 +195,9 @@ class CSRLinearFunction(torch.autograd.Function):
                 grad_w = torch.sparse.sampled_addmm(pattern, grad_y.t(), x, beta=0.0).values()
                 if not ctx.values_given:
                     grad_w = dense_weight(structure, grad_w)
+                elif ctx.values_length > structure.nnz:
+                    grad_w = torch.cat([grad_w, grad_w.new_zeros(ctx.values_length
+                                                                 - structure.nnz)])
         if need_w and ctx.dense_grad:
             grad_w = grad_y.t().mm(x)
         if need_b and grad_b is None:
@@ -227,11 +243,11 @@ def native_input_grad(kernels: KernelLibrary, structure: CSRStructure, vals: tor
 
 def native_weight_grad(kernels: KernelLibrary, structure: CSRStructure,
                        packed_grad: torch.Tensor, packed_x: torch.Tensor,
-                       dense: bool = False) -> torch.Tensor:
-    """dW = dYᵀ X at the mask's non-zeros (a sampled dense-dense product): values in CSR order,
-    or with dense=True the dense dW, 0 off the mask."""
+                       dense: bool = False, length: int | None = None) -> torch.Tensor:
+    """dW = dYᵀ X at the mask's non-zeros (a sampled dense-dense product): values in CSR order
+    (zero padded to `length` entries), or with dense=True the dense dW, 0 off the mask."""
     return kernels.sddmm(structure.indptr, structure.cols, structure.shape[1], packed_grad,
-                         packed_x, dense=dense)
+                         packed_x, dense=dense, length=length)
 
 
 def csr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -240,14 +256,16 @@ def csr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """``x @ (weight ⊙ mask)ᵀ + bias`` in CSR, where ``structure`` was built from the mask.
 
     `weight` is the dense W (out_features, in_features) or its values in CSR order (nnz,), as
-    :func:`weight_values` returns them; the weight gradient comes in the same form. x may have
+    :func:`weight_values` returns them, or those zero padded to ``padded_length(nnz)``; the
+    weight gradient comes in the same form. x may have
     any leading dims; dense_grad=True (dense W only) makes the weight gradient the full dense
     ``dYᵀ X`` (for RigL/GraNet growth), otherwise it is non-zero only at the mask.
     """
     if weight.dim() == 1:
-        if weight.numel() != structure.nnz:
+        if weight.numel() not in (structure.nnz, padded_length(structure.nnz)):
             raise ValueError(f"weight values have {weight.numel()} entries, the CSR structure "
-                             f"{structure.nnz} non-zeros; rebuild it from the current mask")
+                             f"{structure.nnz} non-zeros (padded: "
+                             f"{padded_length(structure.nnz)}); rebuild it from the current mask")
         if dense_grad:
             raise ValueError("dense_grad=True needs the dense weight: a gradient for weight "
                              "values has entries at the non-zeros only")

@@ -8,6 +8,19 @@ mask's version counter and, after every mask write, re-runs the dense-vs-CSR rul
 left every row as it was (checked in O(nnz + rows) against the structure itself). The rebuild is
 of the whole layer: a RigL update changes nearly every row (``LayerDecision.changed_rows``,
 printed by bench/fabric_training.py), and the transposed CSR shifts with any change.
+
+Weights as values (``compile(..., optimizer=...)``): on the steps that do not update a mask, the
+live weights of a CSR layer are its non-zeros in CSR order (:attr:`CSRLinear.values`), a
+parameter that takes the dense ``weight``'s place in the optimizer, with the optimizer's state
+cut to the non-zeros. Forward and backward then read and write O(nnz): no gather of the values
+out of W, no dense weight gradient (nor its masking), an optimizer step over the non-zeros only.
+The dense ``weight`` is written back, and takes its place in the optimizer again (its state
+scattered back, 0 off the mask, as the masked dense optimizer holds it), where something needs
+it: ``state_dict()`` (the weight alone), the optimizer's ``state_dict()`` and
+``load_state_dict()``, the layer's ``load_state_dict()``, a mask change, and a step that updates
+masks (its forward runs on the dense weight, with the dense gradient RigL/GraNet grow from, so
+the sparsity algorithm's update reads and writes the dense tensors it knows). So checkpoints,
+resume, ``finalize`` and the cstorch API see what they see without it.
 """
 
 from __future__ import annotations
@@ -15,14 +28,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from simulator.crossover import KernelCalibration, calibrate
-from simulator.csr import BACKENDS, Backend, CSRStructure, csr_linear
+from simulator.csr import (BACKENDS, Backend, CSRStructure, csr_linear, padded_length,
+                           weight_values)
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +69,8 @@ class CSRLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, *, name: str = "", algorithm: Any = None,
                  kernel: KernelPolicy = "auto", backend: Backend = "auto",
-                 tokens_hint: int = 512, calibration: KernelCalibration | None = None) -> None:
+                 tokens_hint: int = 512, calibration: KernelCalibration | None = None,
+                 optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
         super().__init__()
         mask = linear._buffers.get("weight_mask")
         if mask is None:
@@ -82,6 +97,16 @@ class CSRLinear(nn.Module):
         self._tokens = tokens_hint
         self.rebuilds = 0
         self.decision: LayerDecision | None = None
+        self.optimizers = tuple(optimizers)
+        # The live values while the optimizers step them (None: the dense weight is live).
+        self._set_values(None)
+        if self.optimizers:
+            self.register_state_dict_pre_hook(lambda module, *_: module.write_back())
+            self._register_load_state_dict_pre_hook(lambda *_: self.use_dense_weight())
+            for optimizer in self.optimizers:
+                optimizer.register_state_dict_pre_hook(lambda _opt: self.use_dense_weight())
+                optimizer.register_load_state_dict_pre_hook(
+                    lambda _opt, _state: self.use_dense_weight())
         self.refresh(tokens_hint)
 
     def extra_repr(self) -> str:
@@ -133,15 +158,79 @@ class CSRLinear(nn.Module):
                         f"{cal.threads} threads; crossover density "
                         f"{cal.crossover_density(self.out_features, self.in_features, tokens):.3f})")
 
+    @property
+    def values(self) -> nn.Parameter | None:
+        """The live weights as W's non-zeros in CSR order (zero padded to
+        ``simulator.csr.padded_length(nnz)``), or None while the dense weight is live."""
+        return self._values
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        """Write the live values into the dense weight (off the mask it holds 0 already). Every
+        time: fused optimizer steps write parameters without counting versions."""
+        if self._values is not None:
+            structure = self._structure
+            self.weight.view(-1).index_copy_(0, structure.flat_index,
+                                             self._values[:structure.nnz])
+
+    def use_dense_weight(self) -> None:
+        """Make the dense weight live again: the values written back, and the weight in their
+        place in the optimizers, with their state scattered to the weight's shape."""
+        values = self._values
+        if values is None:
+            return
+        self.write_back()
+        structure = self._structure
+
+        def scatter(state: torch.Tensor) -> torch.Tensor:
+            dense = torch.zeros(self.weight.numel(), dtype=state.dtype, device=state.device)
+            return dense.index_copy_(0, structure.flat_index,
+                                     state[:structure.nnz]).view_as(self.weight)
+
+        for optimizer in self.optimizers:
+            _replace_parameter(optimizer, values, self.weight, scatter)
+        self._set_values(None)
+
+    def _use_values(self) -> None:
+        """Make the values live: gathered from the dense weight, in its place in the optimizers
+        with its state gathered the same way."""
+        structure = self._structure
+
+        def gather(dense: torch.Tensor) -> torch.Tensor:
+            padded = dense.new_zeros(padded_length(structure.nnz))
+            padded[:structure.nnz] = weight_values(None, structure, dense.detach())
+            return padded
+
+        values = nn.Parameter(gather(self.weight))
+        for optimizer in self.optimizers:
+            _replace_parameter(optimizer, self.weight, values, gather)
+        self._set_values(values)
+        # A dense gradient left from the update step: no optimizer would clear it any more.
+        self.weight.grad = None
+
+    def _set_values(self, values: nn.Parameter | None) -> None:
+        # Not a registered parameter: state_dict() and parameters() stay those of the dense layer.
+        self.__dict__["_values"] = values
+
+    def _updates_masks_after_this_step(self) -> bool:
+        algorithm = self.algorithm
+        return algorithm is not None and algorithm.is_update_step(algorithm.step + 1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mask = self.weight_mask
         if self._mask_key != (id(mask), mask._version, mask.data_ptr()):
+            self.use_dense_weight()  # the values follow the structure about to be replaced
             self.refresh(max(1, x.numel() // self.in_features))
         if self._structure is None:
             return F.linear(x, self.weight, self.bias)
+        if self.optimizers and torch.is_grad_enabled():
+            if self._updates_masks_after_this_step():
+                self.use_dense_weight()
+            elif self._values is None:
+                self._use_values()
         dense_grad = bool(torch.is_grad_enabled() and self.algorithm is not None
                           and self.algorithm.needs_dense_grad())
-        weight, bias = self.weight, self.bias
+        weight, bias = (self.weight if self._values is None else self._values), self.bias
         if torch.is_autocast_enabled(x.device.type):
             # The CSR kernels run in the parameters' precision; autocast casts downstream ops.
             with torch.autocast(x.device.type, enabled=False):
@@ -149,6 +238,22 @@ class CSRLinear(nn.Module):
                                   dense_grad=dense_grad, backend=self.backend)
         return csr_linear(x, weight, bias, self._structure, dense_grad=dense_grad,
                           backend=self.backend)
+
+
+def _replace_parameter(optimizer: torch.optim.Optimizer, old: torch.Tensor, new: torch.Tensor,
+                       convert) -> None:
+    """Put `new` in `old`'s place in `optimizer`'s groups; its state tensors of `old`'s shape
+    (moments, momentum) go through `convert`, the rest (step counts) as they are."""
+    for group in optimizer.param_groups:
+        params = group["params"]
+        for i, param in enumerate(params):
+            if param is old:
+                params[i] = new
+    state = optimizer.state.pop(old, None)
+    if state:
+        optimizer.state[new] = {
+            key: convert(value) if isinstance(value, torch.Tensor) and value.shape == old.shape
+            else value for key, value in state.items()}
 
 
 def changed_row_count(structure: CSRStructure, mask: torch.Tensor,
@@ -172,16 +277,32 @@ def _check_algorithm(algorithm: Any) -> None:
                         f"algorithm) or be None, got {type(algorithm).__name__}")
 
 
+def _check_values_optimizer(optimizer: Any, algorithm: Any) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    # The layers switch to the dense weight for the steps that update masks (and only then).
+    if algorithm is not None and not (callable(getattr(algorithm, "is_update_step", None))
+                                      and hasattr(algorithm, "step")):
+        raise TypeError("optimizer (weights as values) needs an algorithm with "
+                        "is_update_step(step) and step (a sparsity algorithm), got "
+                        f"{type(algorithm).__name__}")
+
+
 def compile_model(model: nn.Module, algorithm: Any = None, *, kernel: KernelPolicy = "auto",
-            backend: Backend = "auto", tokens: int = 512,
-            calibration: KernelCalibration | None = None) -> nn.Module:
+                  backend: Backend = "auto", tokens: int = 512,
+                  calibration: KernelCalibration | None = None,
+                  optimizer: torch.optim.Optimizer | None = None) -> nn.Module:
     """Swap every masked ``nn.Linear`` of `model` (in place) for a :class:`CSRLinear`.
 
     Call it after ``algorithm.apply(model)`` so the masks exist. `algorithm` tells the layers
     when a dense weight gradient is needed (``needs_dense_grad()``); `kernel` forces "csr" or
     "dense" instead of the measured rule; `tokens` is the batch size in tokens assumed for the
     first decision (later ones use the real batch); `calibration` replaces the per-process
-    measurement of ``simulator.crossover.calibrate`` (e.g. for reproducible decisions).
+    measurement of ``simulator.crossover.calibrate`` (e.g. for reproducible decisions);
+    `optimizer` (the one stepping `model`'s parameters, hooked by `algorithm`) makes the CSR
+    layers' weights values (see the module docstring): it steps their non-zeros only, and holds
+    the dense weights again whenever something reads them.
 
     Args:
         model: A model whose sparse linear layers carry a ``weight_mask`` buffer, or one such
@@ -192,20 +313,27 @@ def compile_model(model: nn.Module, algorithm: Any = None, *, kernel: KernelPoli
         backend: ``"auto"``, ``"native"`` (the C kernels) or ``"torch"``.
         tokens: Tokens per batch assumed for the first decision.
         calibration: A fixed crossover calibration instead of measuring one.
+        optimizer: The optimizer of `model`, or None (the CSR layers then compute on the
+            dense weights, gathering their non-zeros every call). A layer learns that a step
+            updates masks in that step's forward, so every step needs a forward with
+            gradients enabled (a training step has one) before ``optimizer.step()``.
 
     Returns:
         The model, changed in place (or the CSR layer when `model` itself is a masked linear
         layer).
 
     Raises:
-        TypeError: `algorithm` has no ``needs_dense_grad()``.
+        TypeError: `algorithm` has no ``needs_dense_grad()``; with `optimizer`, `algorithm`
+            has no ``is_update_step(step)`` and ``step`` or `optimizer` is no optimizer.
         ValueError: `tokens` is not a positive int.
     """
     _check_algorithm(algorithm)
+    if optimizer is not None:
+        _check_values_optimizer(optimizer, algorithm)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"tokens must be a positive int, got {tokens!r}")
     options = dict(algorithm=algorithm, kernel=kernel, backend=backend, tokens_hint=tokens,
-                   calibration=calibration)
+                   calibration=calibration, optimizers=() if optimizer is None else (optimizer,))
     if _is_masked_linear(model):
         return CSRLinear(model, name="", **options)
     for name, module in list(model.named_modules()):

@@ -223,12 +223,13 @@ class KernelLibrary:
 
     def sddmm(self, indptr: torch.Tensor, cols: torch.Tensor, in_features: int,
               packed_grad: torch.Tensor, packed_x: torch.Tensor, dense: bool = False,
-              threads: int | None = None) -> torch.Tensor:
+              threads: int | None = None, length: int | None = None) -> torch.Tensor:
         """Gᵀ X at the non-zeros of the CSR pattern (indptr, cols), for G and X packed by
-        :meth:`pack`: the values in CSR order ([nnz]), or with dense=True a dense
-        [rows, in_features] tensor holding them, 0 elsewhere."""
+        :meth:`pack`: the values in CSR order ([nnz], or zero padded to [length]), or with
+        dense=True a dense [rows, in_features] tensor holding them, 0 elsewhere."""
         rows = indptr.numel() - 1
-        vals = self.pool.take((cols.numel(),), packed_x.dtype)
+        vals = self.pool.take((length or cols.numel(),), packed_x.dtype)
+        vals[cols.numel():].zero_()
         grad = self.pool.take((rows, in_features), packed_x.dtype) if dense else None
         self._fn("sddmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), rows, in_features, packed_grad.data_ptr(),

@@ -147,7 +147,8 @@ def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
 
 def _compile(run: Run, world_size: int, rank: int, model_dir: Path, all_reduce: AllReduce | None) -> None:
     """Swap the masked linears (in place, same parameters, buffers and state_dict keys) for the
-    simulated fabric's CSR layers; each picks CSR or dense by the simulator's rule."""
+    simulated fabric's CSR layers; each picks CSR or dense by the simulator's rule, and the
+    optimizer steps a CSR layer's non-zeros alone (its weights as values)."""
     if run.alg is not None:
         import simulator
 
@@ -157,7 +158,7 @@ def _compile(run: Run, world_size: int, rank: int, model_dir: Path, all_reduce: 
         calibration = _job_calibration(model_dir, all_reduce, write=rank == 0) if calibrate else None
         tokens = run.spec.train_input.batch_size // world_size * run.sampler.seq_len
         simulator.compile(run.model, algorithm=run.alg, tokens=tokens, kernel=policy,
-                          calibration=calibration)
+                          calibration=calibration, optimizer=run.optimizer)
 
 
 def _state(run: Run) -> dict[str, Any]:
@@ -327,8 +328,7 @@ class _MetricLog:
         self.pending.clear()
 
 
-def _optimizer_step(run: Run, params: list[torch.nn.Parameter], all_reduce: AllReduce | None
-                    ) -> tuple[float, bool]:
+def _optimizer_step(run: Run, all_reduce: AllReduce | None) -> tuple[float, bool]:
     """One step on this rank's slice of the next global batch; returns (global loss, whether the
     step produced dense gradients for a mask update)."""
     inputs, targets = run.sampler.next_batch()
@@ -337,6 +337,9 @@ def _optimizer_step(run: Run, params: list[torch.nn.Parameter], all_reduce: AllR
         _, loss = run.model(inputs.to(run.device), targets.to(run.device))
     (run.scaler.scale(loss) if run.scaler is not None else loss).backward()
     step_loss = loss.detach().float().reshape(1).clone()  # one collective with the grads
+    # What the optimizer steps, read after the forward: the fabric's CSR layers put their
+    # weights' values in the dense weights' place on the steps that do not update masks.
+    params = [p for group in run.optimizer.param_groups for p in group["params"]]
     router_load = run.model.router_load()  # this rank's slice; the global batch's after the collective
     if all_reduce is not None:
         # Before clipping and the optimizer step. Gradients are masked already (the sparsity
@@ -369,7 +372,6 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
                  summary: dict[str, Any]) -> None:
     rc = run.spec.runconfig
     global_tokens = run.spec.train_input.batch_size * run.sampler.seq_len
-    params = [p for p in run.model.parameters() if p.requires_grad]
     projector = PerfProjector(run.model, run.alg, seq_len=run.sampler.seq_len,
                               global_tokens=global_tokens, num_csx=world_size)
     log = _MetricLog(tracker if rank == 0 else None)
@@ -384,7 +386,7 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
     while run.step < run.end_step:
         lr = run.optimizer.param_groups[0]["lr"]
         started = time.perf_counter()
-        step_loss, dense_grad = _optimizer_step(run, params, all_reduce)
+        step_loss, dense_grad = _optimizer_step(run, all_reduce)
         train_seconds += time.perf_counter() - started
         steps_timed += 1
         window_losses.append(step_loss)

@@ -105,19 +105,11 @@ def _fastest_times(probes: dict[str, Callable[[], None]], device: torch.device
     return best
 
 
-@functools.cache
-def _calibrate(device: torch.device, dtype: torch.dtype, threads: int,
-               backend: str) -> KernelCalibration:
+def fit(times: dict[str, float], backend: str, threads: int) -> KernelCalibration:
+    """The costs that explain the probes' times (seconds, keyed as `_calibrate` names them)."""
     f, t = PROBE_FEATURES, PROBE_TOKENS
     tiny_f, tiny_t = TINY_FEATURES, TINY_TOKENS
     high, low = PROBE_DENSITIES
-    times = _fastest_times({
-        "dense_big": _probe(f, t, None, device, dtype, backend),
-        "dense_tiny": _probe(tiny_f, tiny_t, None, device, dtype, backend),
-        "csr_high": _probe(f, t, high, device, dtype, backend),
-        "csr_low": _probe(f, t, low, device, dtype, backend),
-        "csr_tiny": _probe(tiny_f, tiny_t, 0.5, device, dtype, backend),
-    }, device)
     s_mac = max(0.0, (times["dense_big"] - times["dense_tiny"])
                 / (t * f * f - tiny_t * tiny_f * tiny_f))
     dense_call = max(0.0, times["dense_tiny"] - tiny_t * tiny_f * tiny_f * s_mac)
@@ -129,6 +121,21 @@ def _calibrate(device: torch.device, dtype: torch.dtype, threads: int,
     s_feature = max(0.0, (base_big - base_tiny) / (t * 2 * f - tiny_t * 2 * tiny_f))
     csr_call = max(0.0, base_tiny - tiny_t * 2 * tiny_f * s_feature)
     return KernelCalibration(dense_call, s_mac, csr_call, s_nnz, s_feature, backend, threads)
+
+
+@functools.cache
+def _calibrate(device: torch.device, dtype: torch.dtype, threads: int,
+               backend: str) -> KernelCalibration:
+    f, t = PROBE_FEATURES, PROBE_TOKENS
+    high, low = PROBE_DENSITIES
+    times = _fastest_times({
+        "dense_big": _probe(f, t, None, device, dtype, backend),
+        "dense_tiny": _probe(TINY_FEATURES, TINY_TOKENS, None, device, dtype, backend),
+        "csr_high": _probe(f, t, high, device, dtype, backend),
+        "csr_low": _probe(f, t, low, device, dtype, backend),
+        "csr_tiny": _probe(TINY_FEATURES, TINY_TOKENS, 0.5, device, dtype, backend),
+    }, device)
+    return fit(times, backend, threads)
 
 
 def calibrate(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,

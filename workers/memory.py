@@ -35,7 +35,7 @@ class Shapes:
 
 
 def _is_hdf5(spec: JobSpec) -> bool:
-    """As workers.job.is_hdf5 for train_input, without opening any file."""
+    """As workers.data.is_hdf5 for train_input, without opening any file."""
     train = spec.train_input
     if train.data_processor is not None:
         return train.data_processor in HDF5_PROCESSORS
@@ -48,7 +48,7 @@ def _is_hdf5(spec: JobSpec) -> bool:
 
 def vocab_size(spec: JobSpec) -> int:
     """The vocabulary the model is built with: the model's for HDF5 (already tokenized) data,
-    else the tokenizer's unless model.vocab_size is larger (workers.job.planned_shapes)."""
+    else the tokenizer's unless model.vocab_size is larger (workers.data.planned_shapes)."""
     if _is_hdf5(spec):
         return spec.model.resolved()["vocab_size"]
     tokenizer = spec.model.tokenizer

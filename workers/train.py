@@ -39,9 +39,10 @@ from typing import Any, Callable, Iterator
 import torch
 
 from workers import checkpoint as ckpt
-from workers.data import BatchSampler
+from workers.text import BatchSampler
 from workers.hdf5 import HDF5BatchSampler
-from workers.job import build_sparse_model, load_data, lr_lambda, make_optimizer, model_config
+from workers.data import load_data
+from workers.job import build_sparse_model, lr_lambda, make_optimizer, model_config
 from workers.perf import PerfProjector
 from workers.safe_files import read_text
 from workers.precision import Precision, resolve_precision

@@ -22,8 +22,8 @@ from typing import Any
 from torch import nn
 
 from workers import memory
+from workers.build import build_sparse_model, model_config, optimizer_class
 from workers.data import check_data, planned_shapes
-from workers.job import build_sparse_model, model_config, optimizer_class
 from workers.model import ModelConfig
 from csx_config import JobSpec
 

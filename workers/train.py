@@ -39,13 +39,13 @@ from typing import Any, Callable, Iterator
 import torch
 
 from workers import checkpoint as ckpt
-from workers.text import BatchSampler
-from workers.hdf5 import HDF5BatchSampler
+from workers.build import build_sparse_model, lr_lambda, make_optimizer, model_config
 from workers.data import load_data
-from workers.job import build_sparse_model, lr_lambda, make_optimizer, model_config
+from workers.hdf5 import HDF5BatchSampler
 from workers.perf import PerfProjector
-from workers.safe_files import read_text
 from workers.precision import Precision, resolve_precision
+from workers.safe_files import read_text
+from workers.text import BatchSampler
 from csx_config import JobSpec
 from csx_config.schedulers import warmup_steps
 

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.job import model_config
+from workers.build import model_config
 from workers.model import (
     ModelConfig,
     alibi_slopes,
@@ -272,7 +272,7 @@ def test_mup_initializers_and_logit_scale_reproduce_the_published_explicit_value
 
 
 def test_mup_learning_rates_are_divided_by_the_width_multipliers():
-    from workers.job import lr_lambda, make_optimizer
+    from workers.build import lr_lambda, make_optimizer
     from csx_config import OptimizerSpec
 
     config = replace(GPT, nonlinearity="swiglu", mup_base_hidden_size=8, mup_base_filter_size=16)  # x4, x3
@@ -297,7 +297,7 @@ def test_mup_learning_rates_are_divided_by_the_width_multipliers():
 
 
 def test_the_1x_adjust_learning_rate_scales_every_decoder_kernel():
-    from workers.job import make_optimizer
+    from workers.build import make_optimizer
     from csx_config import OptimizerSpec
 
     model = build_model(replace(GPT, nonlinearity="swiglu"), seed=0)
@@ -537,7 +537,7 @@ FAMILY_PROXIES = {
 
 @pytest.mark.parametrize("family", FAMILY_PROXIES)
 def test_family_proxies_fit_a_batch(family):
-    from workers.job import lr_lambda, make_optimizer
+    from workers.build import lr_lambda, make_optimizer
     from csx_config import OptimizerSpec
 
     model = build_model(FAMILY_PROXIES[family], seed=0)

@@ -216,7 +216,7 @@ def test_replica_mask_check_fails_fast_on_the_first_diverging_update():
 def test_optimizer_uses_the_fused_cpu_kernel_unless_the_class_has_none():
     """Fused Adam(W) is what bench/masked_overhead.py measures at <= 1.05x of dense; the
     default foreach path is slow on the exact zeros of a masked second moment."""
-    from workers.job import make_optimizer
+    from workers.build import make_optimizer
     from csx_config import OptimizerSpec
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))

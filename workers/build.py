@@ -1,17 +1,108 @@
 """Building a run from a ``JobSpec``: the model config, the model with its sparsity algorithm,
-the optimizer and its LR schedule. Shared by ``train`` and ``plan``; the data is
-workers/data.py's."""
+the optimizer and its LR schedule (shared by ``train`` and ``plan``; the data is
+workers/data.py's), and one rank's ``Run`` with the ``LoopSettings`` the loop reads instead of
+the spec."""
 
 from __future__ import annotations
 
 import inspect
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from csx_config import JobSpec, OptimizerSpec
-from csx_config.schedulers import learning_rate_at
+from csx_config.schedulers import learning_rate_at, warmup_steps
+from workers.data import load_data
+from workers.hdf5 import HDF5BatchSampler
 from workers.model import ModelConfig, Transformer, build_model, learning_rate_scale, lr_adjustment_scales
+from workers.precision import Precision, resolve_precision
+from workers.text import BatchSampler
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the training loop reads of a ``JobSpec``, resolved once by ``loop_settings``: the
+    loop (workers/train.py) sees these, never the spec."""
+
+    max_steps: int
+    log_steps: int
+    eval_frequency: int | None  # 0 / None: evaluate only at the end (train_and_eval)
+    checkpoint_steps: int | None  # 0 / None: checkpoint only at the end
+    checkpoint_path: str | None  # start (train) or evaluate (eval) from this checkpoint
+    sparse_kernel: str
+    global_batch_size: int
+    max_gradient_norm: float | None
+    warmup_steps: int
+    spec_json: dict[str, Any]  # saved in every checkpoint
+    params_yaml: str  # written beside the checkpoints
+
+    @property
+    def sparsity_section(self) -> Any:
+        """The spec's sparsity section as checkpoints record it (a changed one starts a new
+        pruning phase)."""
+        return self.spec_json["sparsity"]
+
+
+def loop_settings(spec: JobSpec) -> LoopSettings:
+    rc = spec.runconfig
+    return LoopSettings(max_steps=rc.max_steps, log_steps=rc.log_steps,
+                        eval_frequency=rc.eval_frequency, checkpoint_steps=rc.checkpoint_steps,
+                        checkpoint_path=rc.checkpoint_path, sparse_kernel=rc.sparse_kernel,
+                        global_batch_size=spec.train_input.batch_size,
+                        max_gradient_norm=spec.optimizer.max_gradient_norm,
+                        warmup_steps=warmup_steps(spec.optimizer.learning_rate),
+                        spec_json=spec.model_dump(mode="json"), params_yaml=spec.to_yaml())
+
+
+@dataclass
+class Run:
+    """Everything one rank holds during a job."""
+    settings: LoopSettings
+    model: torch.nn.Module  # masked linears become the fabric's CSR layers in place (_compile)
+    alg: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    sampler: BatchSampler | HDF5BatchSampler
+    eval_data: Any  # (inputs, targets) batches: a list, or workers.hdf5.HDF5EvalBatches
+    config_dict: dict[str, Any]
+    tokenizer_json: dict[str, Any]
+    device: torch.device = torch.device("cpu")
+    precision: Precision = Precision()
+    scaler: torch.amp.GradScaler | None = None
+    step: int = 0
+    phase_start: int = 0  # the step this training phase began; it ends max_steps later
+    end_step: int = 0
+    best_eval_loss: float = math.inf
+    mask_hashes: list[list[Any]] = field(default_factory=list)
+    skipped_checkpoints: list[str] = field(default_factory=list)  # damaged ones a resume passed over
+    warnings: list[str] = field(default_factory=list)
+
+
+def build_run(spec: JobSpec, model_dir: Path, rank: int, world_size: int, device: torch.device) -> Run:
+    """This rank's run of `spec`: its data, the model with its masks on `device`, optimizer,
+    LR schedule, precision, and the loop's settings (the one place the loop's spec is read)."""
+    # Dropout draws from the global generator, which torch seeds at random in every process:
+    # seeded per run and replica, the same seed gives the same losses (a resume then restores
+    # the checkpoint's generator state over this one).
+    torch.manual_seed(spec.runconfig.seed * 1_000_003 + rank)
+    data = load_data(spec, model_dir, rank=rank, world_size=world_size, save_tokenizer_file=rank == 0)
+    config = model_config(spec, data.vocab_size, data.sampler.seq_len)
+    model, alg = build_sparse_model(spec, config)
+    model.to(device)  # in place: the algorithm's parameters and mask buffers move with it
+    precision = resolve_precision(spec.model.model_extra or {}, spec.optimizer.model_extra or {},
+                                  device)
+    optimizer = make_optimizer(spec.optimizer, model, spec.optimizer.adjust_learning_rate)
+    if alg is not None:
+        alg.apply(optimizer)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec.optimizer))
+    return Run(settings=loop_settings(spec), model=model, alg=alg, optimizer=optimizer,
+               scheduler=scheduler, sampler=data.sampler, eval_data=data.eval_data,
+               config_dict=asdict(config), tokenizer_json=data.tokenizer_json,
+               device=device, precision=precision, scaler=precision.scaler(device),
+               end_step=spec.runconfig.max_steps)
 
 
 def model_config(spec: JobSpec, vocab_size: int, seq_len: int) -> ModelConfig:

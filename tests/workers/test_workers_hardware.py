@@ -159,12 +159,13 @@ def test_the_loop_autocasts_and_scales_the_loss_as_its_precision_says(tmp_path, 
     """The CUDA precision path, run on CPU (bf16 autocast and a GradScaler both exist there):
     the scaler's state is checkpointed and a resume picks it up."""
     from csx_config import JobSpec
+    from workers import build
     from workers import train as loop
     from workers.checkpoint import checkpoint_path, load_checkpoint
     from workers.precision import Precision
 
     scaled = Precision(torch.bfloat16, "dynamic", 256.0, 3, applied="bf16 + scaler (test)")
-    monkeypatch.setattr(loop, "resolve_precision", lambda *_: scaled)
+    monkeypatch.setattr(build, "resolve_precision", lambda *_: scaled)
     text = ("train_input: {batch_size: 4, max_sequence_length: 16}\nmodel: {preset: tiny}\n"
             "sparsity: {algorithm: rigl, sparsity: 0.5, update: {freq: 2}}\n"
             "runconfig: {max_steps: 4, checkpoint_steps: 2, log_steps: 2, sparse_kernel: dense}\n")

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from workers.build import loop_settings
 from workers.checkpoint import list_checkpoints, load_checkpoint
 from csx_config import JobSpec
 from workers.train import AFTER_WARMUP, _MetricLog, _record_eval, train
@@ -94,7 +95,7 @@ def test_perplexity_after_warmup_repeats_the_evaluations_past_the_warmup(referen
 
 def test_no_perplexity_after_warmup_until_the_warmup_is_over():
     tracker, summary = FakeTracker(), {"eval_history": []}
-    run = SimpleNamespace(spec=JobSpec.from_yaml(SPEC), phase_start=0, best_eval_loss=math.inf)
+    run = SimpleNamespace(settings=loop_settings(JobSpec.from_yaml(SPEC)), phase_start=0, best_eval_loss=math.inf)
     for run.step in (2, 4, 5):  # SPEC warms up for 4 steps
         _record_eval(run, {"eval/loss": 2.0, "eval/perplexity": 7.4}, summary, _MetricLog(tracker))
     assert [step for step, m in sorted(tracker.metrics.items()) if AFTER_WARMUP in m] == [5]
@@ -225,3 +226,12 @@ def test_optimizer_uses_the_fused_cpu_kernel_unless_the_class_has_none():
     assert [g["weight_decay"] for g in adamw.param_groups] == [0.1, 0.0]
     rmsprop = make_optimizer(OptimizerSpec(optimizer_type="RMSprop"), model)
     assert "fused" not in rmsprop.defaults
+
+
+def test_the_loop_imports_neither_ray_nor_mlflow():
+    """workers.train runs where only torch is installed (issue 31): building a run and the loop
+    import neither Ray nor MLflow."""
+    code = ("import sys, workers.train; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'mlflow'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

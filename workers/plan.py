@@ -104,7 +104,8 @@ def training_memory(spec: JobSpec, config: ModelConfig, parameters: int, sparse_
     shapes = memory.Shapes(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
                            filter_size=c.filter_size, num_hidden_layers=c.num_hidden_layers,
                            num_heads=c.num_heads, is_glu=c.is_glu, seq_len=seq_len)
-    return memory.training_memory(spec, shapes, parameters, sparse_weights, num_csx)
+    return memory.training_memory(spec, shapes, parameters, sparse_weights, num_csx,
+                                  memory.FLOAT_BYTES)
 
 
 def available_memory() -> int:

@@ -73,7 +73,10 @@ def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
 def memory_problems(spec: JobSpec, num_csx: int, settings: Settings) -> list[Problem]:
     """Admission: the plan's memory estimate (arithmetic, any size in microseconds) against
     what each of the job's workers has: its share of its node's memory, and its GPU's."""
-    refusal = memory.too_big(spec, num_csx, settings.memory_per_csx_bytes)
+    try:
+        refusal = memory.too_big(spec, num_csx, settings.memory_per_csx_bytes)
+    except ValueError as err:  # it cannot be sized: model.vocab_size below the tokenizer's
+        return [(("params", "model"), str(err))]
     host = [(("params", "model"), refusal)] if refusal else []
     return host + gpu_problems(spec, num_csx, settings.cluster())
 

@@ -2,7 +2,9 @@
 HDF5 or text), the shapes a plan needs without reading the data, the checks before any worker
 starts, the tokenizer (the run's saved one, else a new one from the spec), and this rank's train
 sampler and eval batches. The readers are workers/text.py (corpora, tokenizers, token-stream
-sampler) and workers/hdf5.py (ModelZoo's pre-tokenized files)."""
+sampler) and workers/hdf5.py (ModelZoo's pre-tokenized files), imported where they read: the
+service sizes jobs with the decisions made from the spec alone (workers.memory) and must not
+import torch."""
 
 from __future__ import annotations
 
@@ -10,25 +12,28 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from csx_config import HDF5_PROCESSORS, InputSpec, JobSpec
-from workers.hdf5 import HDF5BatchSampler, HDF5EvalBatches, HDF5Samples, has_h5_files
 from workers.safe_files import read_text
-from workers.text import (
-    BatchSampler,
-    Tokenizer,
-    encode_documents,
-    eval_batches,
-    load_splits,
-    make_tokenizer,
-    save_tokenizer,
-    tokenizer_from_json,
-)
+
+if TYPE_CHECKING:
+    from workers.hdf5 import HDF5BatchSampler, HDF5Samples
+    from workers.text import BatchSampler, Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 BYTE_VOCAB = 256
 DEFAULT_BPE_VOCAB = 2048
+
+
+def has_h5_files(data_dirs: list[str]) -> bool:
+    """Whether any data_dir is a folder holding .h5 files (one that cannot be read holds none
+    that training could read)."""
+    try:
+        return any(Path(d).expanduser().is_dir() and any(Path(d).expanduser().glob("*.h5"))
+                   for d in data_dirs if not d.startswith("builtin:"))
+    except OSError:
+        return False
 
 
 def is_hdf5(section: InputSpec, data_dirs: list[str]) -> bool:
@@ -45,21 +50,25 @@ def text_vocab_size(spec: JobSpec, tokenizer_vocab: int) -> int:
     return wanted or tokenizer_vocab
 
 
+def planned_vocab_size(spec: JobSpec) -> int:
+    """The vocabulary the model is built with, from the spec alone: the model's for HDF5
+    (pre-tokenized) data, else the tokenizer's the spec names, as text_vocab_size takes it."""
+    train = spec.train_input
+    if is_hdf5(train, train.data_dirs()):
+        return spec.model.resolved()["vocab_size"]
+    tokenizer = spec.model.tokenizer
+    return text_vocab_size(spec, BYTE_VOCAB if tokenizer.type == "byte"
+                           else tokenizer.vocab_size or DEFAULT_BPE_VOCAB)
+
+
 def planned_shapes(spec: JobSpec) -> tuple[int, int]:
     """(vocab_size, train sequence length) without reading any data beyond HDF5 shapes:
     for plans, which must work where the data is not (yet) present."""
     train = spec.train_input
-    if is_hdf5(train, train.data_dirs()):
-        seq_len = train.max_sequence_length
-        if seq_len is None and has_h5_files(train.data_dirs()):
-            seq_len = HDF5Samples(train.data_dirs(), "train_input").seq_len
-        vocab = spec.model.resolved()["vocab_size"]
-    else:
-        seq_len = train.max_sequence_length
-        tokenizer = spec.model.tokenizer
-        vocab = text_vocab_size(spec, BYTE_VOCAB if tokenizer.type == "byte"
-                                else tokenizer.vocab_size or DEFAULT_BPE_VOCAB)
-    return vocab, seq_len or spec.model.resolved()["max_position_embeddings"]
+    seq_len = train.max_sequence_length
+    if seq_len is None and is_hdf5(train, train.data_dirs()) and has_h5_files(train.data_dirs()):
+        seq_len = _hdf5_samples(train, train.data_dirs(), "train_input").seq_len
+    return planned_vocab_size(spec), seq_len or spec.model.resolved()["max_position_embeddings"]
 
 
 @dataclass
@@ -85,6 +94,8 @@ def check_data(spec: JobSpec) -> None:
 
 
 def _hdf5_samples(section: InputSpec, dirs: list[str], what: str) -> HDF5Samples:
+    from workers.hdf5 import HDF5Samples
+
     samples = HDF5Samples(dirs, what)
     if section.max_sequence_length not in (None, samples.seq_len):
         raise ValueError(f"{what}.max_sequence_length is {section.max_sequence_length}, but the HDF5 "
@@ -95,6 +106,9 @@ def _hdf5_samples(section: InputSpec, dirs: list[str], what: str) -> HDF5Samples
 def load_data(spec: JobSpec, model_dir: Path | None, *, rank: int = 0, world_size: int = 1,
               save_tokenizer_file: bool = False) -> RunData:
     """This rank's train sampler and eval batches, from HDF5 or text (tokenized here)."""
+    from workers.hdf5 import HDF5BatchSampler, HDF5EvalBatches
+    from workers.text import BatchSampler, encode_documents, eval_batches, load_splits
+
     train, evaluation, seed = spec.train_input, spec.eval_input, spec.runconfig.seed
     shuffle_seed = seed if train.shuffle_seed is None else train.shuffle_seed
     if is_hdf5(train, train.data_dirs()):
@@ -142,6 +156,8 @@ def load_tokenizer(spec: JobSpec, model_dir: Path | None, train_texts: list[str]
                    save: bool) -> Tokenizer:
     """The run's saved tokenizer when model_dir has one (so evaluation matches training);
     otherwise a new one from the spec, saved to model_dir when ``save``."""
+    from workers.text import make_tokenizer, save_tokenizer, tokenizer_from_json
+
     saved = model_dir / TOKENIZER_FILE if model_dir else None
     if saved and os.path.lexists(saved):  # anything there but the run's own file is refused
         return tokenizer_from_json(json.loads(read_text(saved, inside=model_dir)))

@@ -58,10 +58,6 @@ def h5_files(data_dirs: list[str], what: str) -> list[Path]:
     return files
 
 
-def has_h5_files(data_dirs: list[str]) -> bool:
-    return any(Path(d).expanduser().is_dir() and any(Path(d).expanduser().glob("*.h5")) for d in data_dirs)
-
-
 class HDF5Samples:
     """Random access to the samples of several ModelZoo HDF5 files (opened lazily)."""
 

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from csx_config import HDF5_PROCESSORS, JobSpec
+from csx_config import JobSpec
+from workers.data import planned_vocab_size
 
 FLOAT_BYTES = 4
 HALF_BYTES = 2  # an activation kept under 16-bit autocast
-BYTE_VOCAB = 256
-DEFAULT_BPE_VOCAB = 2048
 GLU_NONLINEARITIES = ("swiglu", "geglu", "reglu")
 
 
@@ -36,28 +34,6 @@ class Shapes:
     seq_len: int
 
 
-def _is_hdf5(spec: JobSpec) -> bool:
-    """As workers.data.is_hdf5 for train_input, without opening any file."""
-    train = spec.train_input
-    if train.data_processor is not None:
-        return train.data_processor in HDF5_PROCESSORS
-    try:
-        return any(Path(d).is_dir() and any(Path(d).glob("*.h5")) for d in train.data_dirs()
-                   if not d.startswith("builtin:"))
-    except OSError:  # a name too long or unreadable: no HDF5 files that training could read
-        return False
-
-
-def vocab_size(spec: JobSpec) -> int:
-    """The vocabulary the model is built with: the model's for HDF5 (already tokenized) data,
-    else the tokenizer's unless model.vocab_size is larger (workers.data.planned_shapes)."""
-    if _is_hdf5(spec):
-        return spec.model.resolved()["vocab_size"]
-    tokenizer = spec.model.tokenizer
-    from_tokenizer = BYTE_VOCAB if tokenizer.type == "byte" else tokenizer.vocab_size or DEFAULT_BPE_VOCAB
-    return max(spec.model.vocab_size or 0, from_tokenizer)
-
-
 def shapes(spec: JobSpec) -> Shapes:
     """The shapes of the model `spec` builds; an HDF5 run without max_sequence_length is
     sized at max_position_embeddings, the longest sequence the model accepts."""
@@ -68,7 +44,7 @@ def shapes(spec: JobSpec) -> Shapes:
         k = 1.0 / math.sqrt(1.0 - sparsity)
         hidden = 2 * max(1, round(hidden // heads * k / 2)) * heads
         filter_size = max(1, round(filter_size * k))
-    return Shapes(vocab_size=vocab_size(spec), hidden_size=hidden, filter_size=filter_size,
+    return Shapes(vocab_size=planned_vocab_size(spec), hidden_size=hidden, filter_size=filter_size,
                   num_hidden_layers=model["num_hidden_layers"], num_heads=heads,
                   is_glu=model["nonlinearity"] in GLU_NONLINEARITIES,
                   seq_len=spec.train_input.max_sequence_length or model["max_position_embeddings"])

@@ -126,7 +126,7 @@ def main() -> int:
     from service.main import create_app
     from service.settings import Settings
     from workers import checkpoint as ckpt
-    from workers.data import load_splits
+    from workers.text import load_splits
 
     torch.set_num_threads(1)
     logging.getLogger("service.joblogs").setLevel(logging.ERROR)  # the full disk's, expected

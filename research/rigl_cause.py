@@ -222,7 +222,7 @@ def run_one(name: str, seed: int) -> dict[str, Any]:
     import torch
 
     import sparsity
-    from workers.data import BatchSampler, encode_documents, eval_batches, load_splits, make_tokenizer
+    from workers.text import BatchSampler, encode_documents, eval_batches, load_splits, make_tokenizer
     from workers.model import build_model, preset_config
 
     torch.set_num_threads(1)

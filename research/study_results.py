@@ -190,7 +190,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from workers import checkpoint
-    from workers.job import build_sparse_model
+    from workers.build import build_sparse_model
     from workers.model import ModelConfig
     from workers.perf import project
     from csx_config import JobSpec

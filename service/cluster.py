@@ -18,6 +18,7 @@ from collections.abc import Callable
 from workers.hardware import (
     CSX_RESOURCE,
     ClusterSummary,
+    gpu_memory_bytes,
     machine_systems,
     nodes_from_ray,
     summarise,
@@ -38,9 +39,11 @@ def machine_summary(systems: int | None) -> ClusterSummary:
     """This machine as one node declaring `systems` (None: its default), its cores, GPUs and
     memory shared by them."""
     systems = systems or machine_systems()
+    gpus = visible_gpus()
     return ClusterSummary(systems=systems, nodes=1, cpus_per_system=usable_cores() / systems,
-                          gpus_per_system=visible_gpus() / systems,
-                          memory_per_system_bytes=physical_memory_bytes() / systems)
+                          gpus_per_system=gpus / systems,
+                          memory_per_system_bytes=physical_memory_bytes() / systems,
+                          gpus=gpus, gpu_memory_bytes=gpu_memory_bytes() if gpus else 0.0)
 
 
 def connected() -> bool:

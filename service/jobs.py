@@ -17,6 +17,7 @@ from service.schemas import JobDetail, JobPublic, RunOptions
 from service.settings import Settings
 from csx_config import JobSpec
 from workers import memory
+from workers.hardware import ClusterSummary
 
 
 class SubmissionError(ValueError):
@@ -71,9 +72,32 @@ def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
 
 def memory_problems(spec: JobSpec, num_csx: int, settings: Settings) -> list[Problem]:
     """Admission: the plan's memory estimate (arithmetic, any size in microseconds) against
-    what each of the job's workers has."""
-    refusal = memory.too_big(spec, num_csx, settings.memory_per_csx_bytes)
-    return [(("params", "model"), refusal)] if refusal else []
+    what each of the job's workers has: its share of its node's memory, and its GPU's."""
+    try:
+        refusal = memory.too_big(spec, num_csx, settings.memory_per_csx_bytes)
+    except ValueError as err:  # it cannot be sized: model.vocab_size below the tokenizer's
+        return [(("params", "model"), str(err))]
+    host = [(("params", "model"), refusal)] if refusal else []
+    return host + gpu_problems(spec, num_csx, settings.cluster())
+
+
+def gpu_problems(spec: JobSpec, num_csx: int, cluster: ClusterSummary) -> list[Problem]:
+    """A job that trains on GPUs (gpus_per_csx > 0, or unset where the cluster has a GPU per
+    system, as the runner then grants one) needs GPUs, and its per-system estimate must fit
+    one GPU's memory as the nodes declare it (not checked where no node declares it)."""
+    asked = spec.runconfig.gpus_per_csx
+    gpus = asked if asked is not None else int(cluster.gpus_per_system >= 1)
+    if not gpus:
+        return []
+    where = ("params", "runconfig", "gpus_per_csx")
+    named = f"gpus_per_csx {gpus}" if asked is not None else f"gpus_per_csx (unset: {gpus} here)"
+    if not cluster.gpus:
+        return [(where, f"{named}: the cluster has no GPUs ({cluster.describe()}); set "
+                        "gpus_per_csx: 0 to train on CPUs")]
+    if not cluster.gpu_memory_bytes:  # no node declares it: nothing to compare with
+        return []
+    refusal = memory.too_big_for_gpu(spec, num_csx, cluster.gpu_memory_bytes)
+    return [(where, f"{named}: {refusal}")] if refusal else []
 
 
 def job_fields(options: RunOptions, spec: JobSpec, settings: Settings, *, name: str | None,

@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-from workers.hardware import CSX_RESOURCE
+from workers.hardware import machine_resources
 
 HOST = "127.0.0.1"
 DEV_TOKEN_LINE = re.compile(r"csx dev token \(admin\): (\S+)")
@@ -279,7 +279,7 @@ class LocalStack:
         ray = self._start("ray", [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
             "--port", str(self.ray_port), "--num-cpus", str(self.cluster_size),
-            "--resources", json.dumps({CSX_RESOURCE: self.cluster_size}),
+            "--resources", json.dumps(machine_resources(self.cluster_size)),
             "--include-dashboard", "false", "--disable-usage-stats"], env)
         wait_until_up(f"{self.ui_url}/health", ui, self.start_timeout_s)
         wait_for_line(RAY_STARTED, ray, self.start_timeout_s)

@@ -47,7 +47,7 @@ from service.local_stack import (
     wait_for_line,
     wait_until_up,
 )
-from workers.hardware import CSX_RESOURCE
+from workers.hardware import machine_resources
 
 READY = "READY"
 MAX_RESTARTS = 5
@@ -95,7 +95,7 @@ class RayHead(SupervisedChild):
         env.pop("RAY_ADDRESS", None)
         super().__init__("the local Ray head", [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-            "--port", str(port), "--resources", json.dumps({CSX_RESOURCE: systems}),
+            "--port", str(port), "--resources", json.dumps(machine_resources(systems)),
             "--include-dashboard", "false",
             "--disable-usage-stats"], log_path=log_path, env=env,
             ready_line=RAY_STARTED.pattern, start_timeout_s=start_timeout_s)

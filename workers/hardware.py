@@ -5,7 +5,9 @@ Every Ray node declares its systems as the custom resource ``csx`` (``ray start 
 '{"csx": K}'``); a job of ``num_csx`` systems asks Ray for one ``csx`` per worker plus the CPUs
 and GPUs of ``runconfig.cpus_per_csx`` / ``gpus_per_csx``. Unset, a system gets the cluster's
 CPUs shared by the job's systems and one GPU where the cluster has one per system. On a machine with
-no cluster, the local runtime declares one system per GPU, else one per core.
+no cluster, the local runtime declares one system per GPU, else one per core. A node with GPUs
+also declares their memory as ``csx_gpu_memory_gib`` (all its GPUs together, in GiB; Ray itself
+reports GPUs but not their memory), which admission compares with a job's estimate.
 
 Pure functions over Ray's node records (``ray.nodes()``) and resource totals, importing neither
 torch nor ray, so the service, the runner and the tests share them.
@@ -13,13 +15,16 @@ torch nor ray, so the service, the runner and the tests share them.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 CSX_RESOURCE = "csx"
+GPU_MEMORY_RESOURCE = "csx_gpu_memory_gib"
 CORES_PER_SYSTEM = 1  # a machine without GPUs declares one system per core
 Placement = Literal["PACK", "SPREAD"]
 
@@ -33,6 +38,7 @@ class Node:
     cpus: float
     gpus: float
     memory_bytes: float
+    gpu_memory_bytes: float = 0.0  # each of its GPUs' (0: the node declares none)
 
 
 @dataclass(frozen=True)
@@ -65,10 +71,14 @@ class ClusterSummary:
     cpus_per_system: float
     gpus_per_system: float
     memory_per_system_bytes: float
+    gpus: float = 0.0  # on the nodes that hold systems
+    gpu_memory_bytes: float = 0.0  # the least one of those GPUs has (0: no node declares it)
 
     def describe(self) -> str:
+        gpu_memory = (f" ({self.gpu_memory_bytes / 2**30:.1f} GiB each)"
+                      if self.gpu_memory_bytes else "")
         return (f"{self.systems} CS-2 systems on {self.nodes} Ray node(s); per system "
-                f"{self.cpus_per_system:g} CPUs, {self.gpus_per_system:g} GPUs, "
+                f"{self.cpus_per_system:g} CPUs, {self.gpus_per_system:g} GPUs{gpu_memory}, "
                 f"{self.memory_per_system_bytes / 2**30:.1f} GiB memory")
 
 
@@ -79,10 +89,13 @@ def nodes_from_ray(records: list[dict[str, Any]]) -> list[Node]:
         if not record.get("Alive", False):
             continue
         resources = record.get("Resources", {})
+        gpus = float(resources.get("GPU", 0))
+        gpu_memory = float(resources.get(GPU_MEMORY_RESOURCE, 0)) * 2**30 / gpus if gpus else 0.0
         nodes.append(Node(address=str(record.get("NodeManagerAddress", "")),
                           systems=int(resources.get(CSX_RESOURCE, 0)),
-                          cpus=float(resources.get("CPU", 0)), gpus=float(resources.get("GPU", 0)),
-                          memory_bytes=float(resources.get("memory", 0))))
+                          cpus=float(resources.get("CPU", 0)), gpus=gpus,
+                          memory_bytes=float(resources.get("memory", 0)),
+                          gpu_memory_bytes=gpu_memory))
     return nodes
 
 
@@ -90,11 +103,13 @@ def summarise(nodes: list[Node]) -> ClusterSummary:
     hosts = [node for node in nodes if node.systems > 0]
     if not hosts:
         return ClusterSummary(0, 0, 0.0, 0.0, 0.0)
+    declared = [node.gpu_memory_bytes for node in hosts if node.gpus and node.gpu_memory_bytes]
     return ClusterSummary(
         systems=sum(node.systems for node in hosts), nodes=len(hosts),
         cpus_per_system=min(node.cpus / node.systems for node in hosts),
         gpus_per_system=min(node.gpus / node.systems for node in hosts),
-        memory_per_system_bytes=min(node.memory_bytes / node.systems for node in hosts))
+        memory_per_system_bytes=min(node.memory_bytes / node.systems for node in hosts),
+        gpus=sum(node.gpus for node in hosts), gpu_memory_bytes=min(declared, default=0.0))
 
 
 def systems_that_fit(nodes: list[Node], cpus: int, gpus: int) -> int:
@@ -146,6 +161,28 @@ def visible_gpus() -> int:
     if visible is None:
         return present
     return min(present, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
+
+
+@functools.cache
+def gpu_memory_bytes() -> float:
+    """The least memory of one of this machine's NVIDIA GPUs, from nvidia-smi (torch is not
+    imported here); 0 without nvidia-smi or GPUs. Read once: it does not change."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0.0
+    mib = [float(line) for line in out.split() if line.replace(".", "", 1).isdigit()]
+    return min(mib, default=0.0) * 2**20
+
+
+def machine_resources(systems: int) -> dict[str, float]:
+    """The custom resources this machine's Ray node declares: its `systems`, and its GPUs'
+    memory where it has GPUs."""
+    resources: dict[str, float] = {CSX_RESOURCE: systems}
+    if visible_gpus() and gpu_memory_bytes():
+        resources[GPU_MEMORY_RESOURCE] = visible_gpus() * gpu_memory_bytes() / 2**30
+    return resources
 
 
 def usable_cores() -> int:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from workers.safe_files import RefusedFile, regular_file
+from workers.text import rank_slice
 
 DATASET = "data"
 PARAMS_FILE = "data_params.json"
@@ -55,10 +56,6 @@ def h5_files(data_dirs: list[str], what: str) -> list[Path]:
         except RefusedFile as err:
             raise ValueError(f"{what}.data_dir {data_dir!r}: {err}") from None
     return files
-
-
-def has_h5_files(data_dirs: list[str]) -> bool:
-    return any(Path(d).expanduser().is_dir() and any(Path(d).expanduser().glob("*.h5")) for d in data_dirs)
 
 
 class HDF5Samples:
@@ -108,15 +105,13 @@ class HDF5Samples:
 
 class HDF5BatchSampler:
     """Global batch ``position`` → this rank's (inputs, labels); same interface as
-    ``workers.data.BatchSampler``."""
+    ``workers.text.BatchSampler``."""
 
     def __init__(self, samples: HDF5Samples, *, batch_size: int, seed: int, shuffle: bool,
                  vocab_size: int, rank: int = 0, world_size: int = 1) -> None:
-        from workers.data import _rank_slice
-
         self.samples, self.batch_size, self.seed, self.shuffle = samples, batch_size, seed, shuffle
         self.seq_len, self.vocab_size = samples.seq_len, vocab_size
-        self.rank_rows = _rank_slice(batch_size, rank, world_size)
+        self.rank_rows = rank_slice(batch_size, rank, world_size)
         self.position = 0
         self._epoch: tuple[int, torch.Tensor] | None = None
 
@@ -159,10 +154,8 @@ class HDF5EvalBatches:
 
     def __init__(self, samples: HDF5Samples, *, batch_size: int, steps: int, vocab_size: int,
                  rank: int = 0, world_size: int = 1) -> None:
-        from workers.data import _rank_slice
-
         self.samples, self.batch_size, self.steps, self.vocab_size = samples, batch_size, steps, vocab_size
-        self.rows = _rank_slice(batch_size, rank, world_size)
+        self.rows = rank_slice(batch_size, rank, world_size)
 
     def __len__(self) -> int:
         return self.steps

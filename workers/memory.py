@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
-from csx_config import HDF5_PROCESSORS, JobSpec
+from csx_config import JobSpec
+from workers.data import planned_vocab_size
 
 FLOAT_BYTES = 4
-BYTE_VOCAB = 256
-DEFAULT_BPE_VOCAB = 2048
+HALF_BYTES = 2  # an activation kept under 16-bit autocast
 GLU_NONLINEARITIES = ("swiglu", "geglu", "reglu")
 
 
@@ -34,28 +34,6 @@ class Shapes:
     seq_len: int
 
 
-def _is_hdf5(spec: JobSpec) -> bool:
-    """As workers.job.is_hdf5 for train_input, without opening any file."""
-    train = spec.train_input
-    if train.data_processor is not None:
-        return train.data_processor in HDF5_PROCESSORS
-    try:
-        return any(Path(d).is_dir() and any(Path(d).glob("*.h5")) for d in train.data_dirs()
-                   if not d.startswith("builtin:"))
-    except OSError:  # a name too long or unreadable: no HDF5 files that training could read
-        return False
-
-
-def vocab_size(spec: JobSpec) -> int:
-    """The vocabulary the model is built with: the model's for HDF5 (already tokenized) data,
-    else the tokenizer's unless model.vocab_size is larger (workers.job.planned_shapes)."""
-    if _is_hdf5(spec):
-        return spec.model.resolved()["vocab_size"]
-    tokenizer = spec.model.tokenizer
-    from_tokenizer = BYTE_VOCAB if tokenizer.type == "byte" else tokenizer.vocab_size or DEFAULT_BPE_VOCAB
-    return max(spec.model.vocab_size or 0, from_tokenizer)
-
-
 def shapes(spec: JobSpec) -> Shapes:
     """The shapes of the model `spec` builds; an HDF5 run without max_sequence_length is
     sized at max_position_embeddings, the longest sequence the model accepts."""
@@ -66,7 +44,7 @@ def shapes(spec: JobSpec) -> Shapes:
         k = 1.0 / math.sqrt(1.0 - sparsity)
         hidden = 2 * max(1, round(hidden // heads * k / 2)) * heads
         filter_size = max(1, round(filter_size * k))
-    return Shapes(vocab_size=vocab_size(spec), hidden_size=hidden, filter_size=filter_size,
+    return Shapes(vocab_size=planned_vocab_size(spec), hidden_size=hidden, filter_size=filter_size,
                   num_hidden_layers=model["num_hidden_layers"], num_heads=heads,
                   is_glu=model["nonlinearity"] in GLU_NONLINEARITIES,
                   seq_len=spec.train_input.max_sequence_length or model["max_position_embeddings"])
@@ -105,11 +83,18 @@ def _kv_heads(model: dict, num_heads: int) -> int:
     return (model.get("extra_attention_params") or {}).get("num_kv_groups", 1)
 
 
+def autocasts(model_keys: dict[str, Any]) -> bool:
+    """Whether ModelZoo's precision keys ask for 16-bit autocast (``model.mixed_precision`` or
+    ``model.use_bfloat16``); workers.precision applies it, on CUDA only."""
+    return bool(model_keys.get("mixed_precision")) or bool(model_keys.get("use_bfloat16"))
+
+
 def training_memory(spec: JobSpec, s: Shapes, parameters: int, sparse_weights: int,
-                    num_csx: int) -> dict[str, int]:
-    """Bytes one worker needs to train (fp32): weights, gradients, optimizer state, masks and
-    the activations kept for backward of its batch slice (per layer and token: ~10 hidden-size
-    vectors, the FFN's hidden units, the attention scores; plus logits and their gradient)."""
+                    num_csx: int, activation_bytes: int) -> dict[str, int]:
+    """Bytes one worker needs to train: fp32 weights, gradients and optimizer state, masks,
+    and the activations kept for backward of its batch slice (per layer and token: ~10
+    hidden-size vectors, the FFN's hidden units, the attention scores; plus logits and their
+    gradient), `activation_bytes` each."""
     name = spec.optimizer.optimizer_type.lower()
     state_floats = 2 if "adam" in name else 1 if spec.optimizer.momentum else 0
     batch = spec.train_input.batch_size // num_csx
@@ -118,35 +103,53 @@ def training_memory(spec: JobSpec, s: Shapes, parameters: int, sparse_weights: i
     activations = batch * s.seq_len * (s.num_hidden_layers * per_token_layer + 2 * s.vocab_size)
     return {"weights": parameters * FLOAT_BYTES, "gradients": parameters * FLOAT_BYTES,
             "optimizer_state": state_floats * parameters * FLOAT_BYTES, "masks": sparse_weights,
-            "activations": activations * FLOAT_BYTES}
+            "activations": activations * activation_bytes}
 
 
-def estimate(spec: JobSpec, num_csx: int) -> dict[str, int]:
+def estimate(spec: JobSpec, num_csx: int, on_gpu: bool = False) -> dict[str, int]:
     """training_memory per worker from the spec alone (see _estimate)."""
-    return _estimate(spec, num_csx)[0]
+    return _estimate(spec, num_csx, on_gpu)[0]
 
 
-def _estimate(spec: JobSpec, num_csx: int) -> tuple[dict[str, int], int]:
+def _estimate(spec: JobSpec, num_csx: int, on_gpu: bool) -> tuple[dict[str, int], int]:
     """(training_memory per worker, parameters); masks are counted for every matrix when there
-    is a sparsity section (an upper bound: a param_filter may mask fewer)."""
+    is a sparsity section (an upper bound: a param_filter may mask fewer). Activations are
+    16-bit where the precision keys apply, on a GPU."""
     s = shapes(spec)
     parameters, matrices = parameter_count(spec, s)
+    half = on_gpu and autocasts(spec.model.model_extra or {})
     memory = training_memory(spec, s, parameters, matrices if spec.sparsity is not None else 0,
-                             num_csx)
+                             num_csx, HALF_BYTES if half else FLOAT_BYTES)
     return memory, parameters
 
 
 def too_big(spec: JobSpec, num_csx: int, per_worker_limit: int) -> str | None:
     """Why the job cannot train with `per_worker_limit` bytes per worker, or None."""
-    memory, parameters = _estimate(spec, num_csx)
+    memory, parameters = _estimate(spec, num_csx, on_gpu=False)
     need = sum(memory.values())
     if need <= per_worker_limit:
         return None
-    parts = ", ".join(f"{k} {_gib(v)}" for k, v in memory.items())
     return (f"this job does not fit: training needs an estimated {_gib(need)} per worker "
-            f"({parts}; {parameters:,} parameters) but each of the {num_csx} worker(s) has "
-            f"{_gib(per_worker_limit)}: train a scaled-down proxy (smaller hidden_size / "
+            f"({_parts(memory)}; {parameters:,} parameters) but each of the {num_csx} worker(s) "
+            f"has {_gib(per_worker_limit)}: train a scaled-down proxy (smaller hidden_size / "
             "num_hidden_layers / batch_size) or use more CS-2 systems")
+
+
+def too_big_for_gpu(spec: JobSpec, num_csx: int, gpu_memory: float) -> str | None:
+    """Why the job cannot train on GPUs of `gpu_memory` bytes, one per system, or None."""
+    memory, parameters = _estimate(spec, num_csx, on_gpu=True)
+    need = sum(memory.values())
+    if need <= gpu_memory:
+        return None
+    precision = "16-bit activations" if autocasts(spec.model.model_extra or {}) else "float32"
+    return (f"training on a GPU needs an estimated {_gib(need)} of GPU memory per system "
+            f"({_parts(memory)}; {parameters:,} parameters, {precision}) but each GPU has "
+            f"{_gib(gpu_memory)}: use more CS-2 systems (num_csx), a smaller model or batch, "
+            "model.mixed_precision, or gpus_per_csx: 0 to train on CPUs")
+
+
+def _parts(memory: dict[str, int]) -> str:
+    return ", ".join(f"{k} {_gib(v)}" for k, v in memory.items())
 
 
 def _gib(value: int) -> str:

@@ -19,7 +19,7 @@ no biases. Everything is picked by ModelZoo's model keys (``ModelConfig`` mirror
   ``mup_base_hidden_size / hidden_size`` (its square root unless ``scale_output_logits_by_d``),
   or by a given ``output_logits_scale`` (the 1.x form); with the base sizes, the initializers
   are scaled by width and depth as ModelZoo scales them, and ``lr_adjustment_scales`` gives the
-  per-layer learning-rate factors (``workers.job.make_optimizer`` applies them).
+  per-layer learning-rate factors (``workers.build.make_optimizer`` applies them).
 
 Parameters are named as ModelZoo's ``GPT2LMHeadModel`` names them, so a ModelZoo
 ``param_filter`` / ``param_name_patterns`` selects exactly the layers it selects there::

@@ -22,7 +22,8 @@ from typing import Any
 from torch import nn
 
 from workers import memory
-from workers.job import build_sparse_model, check_data, model_config, optimizer_class, planned_shapes
+from workers.build import build_sparse_model, model_config, optimizer_class
+from workers.data import check_data, planned_shapes
 from workers.model import ModelConfig
 from csx_config import JobSpec
 
@@ -104,7 +105,8 @@ def training_memory(spec: JobSpec, config: ModelConfig, parameters: int, sparse_
     shapes = memory.Shapes(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
                            filter_size=c.filter_size, num_hidden_layers=c.num_hidden_layers,
                            num_heads=c.num_heads, is_glu=c.is_glu, seq_len=seq_len)
-    return memory.training_memory(spec, shapes, parameters, sparse_weights, num_csx)
+    return memory.training_memory(spec, shapes, parameters, sparse_weights, num_csx,
+                                  memory.FLOAT_BYTES)
 
 
 def available_memory() -> int:

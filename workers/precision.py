@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from workers.memory import autocasts
+
 BF16_TYPES = ("bfloat16", "cbfloat16")
 DEFAULT_INITIAL_SCALE = 2.0 ** 15  # GradScaler's own default
 DEFAULT_STEPS_PER_INCREASE = 2000
@@ -50,8 +52,7 @@ class Precision:
 def resolve_precision(model_keys: dict[str, Any], optimizer_keys: dict[str, Any],
                       device: torch.device) -> Precision:
     """The precision of the spec's ``model`` and ``optimizer`` extras on `device`."""
-    mixed = bool(model_keys.get("mixed_precision")) or bool(model_keys.get("use_bfloat16"))
-    if not mixed:
+    if not autocasts(model_keys):
         return Precision()
     fp16_type = "bfloat16" if model_keys.get("use_bfloat16") else \
         str(model_keys.get("fp16_type") or "float16")

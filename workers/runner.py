@@ -38,6 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from workers.hardware import (
     CSX_RESOURCE,
     SystemHardware,
+    machine_resources,
     machine_systems,
     nodes_from_ray,
     per_system_hardware,
@@ -91,7 +92,7 @@ def connect_ray(systems: int, address: str | None = None) -> None:
     else:
         ray.init(address="local", include_dashboard=False,
                  num_cpus=max(systems, os.cpu_count() or 1),
-                 resources={CSX_RESOURCE: max(systems, machine_systems())}, log_to_driver=False)
+                 resources=machine_resources(max(systems, machine_systems())), log_to_driver=False)
 
 
 def _worker_runtime_env() -> dict[str, Any]:

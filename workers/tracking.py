@@ -29,7 +29,8 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
-from workers.job import model_config, planned_shapes
+from workers.build import model_config
+from workers.data import planned_shapes
 from workers.plots import HeatmapWriter, write_curves_png, write_density_histogram_png
 from csx_config import JobSpec
 

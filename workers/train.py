@@ -1,4 +1,6 @@
 """The training loop: one explicit loop, the same on one process or on every data-parallel rank.
+``train`` builds this rank's ``Run`` from the spec (workers/build.py); from there on the loop
+reads the run's ``LoopSettings``, never the spec.
 
 Per optimizer step ``t`` (1-based), in order: LR for step t; forward/backward on this rank's
 slice of global batch t (the sparsity gradient hooks mask gradients before backward returns);
@@ -32,22 +34,18 @@ import hashlib
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
 from workers import checkpoint as ckpt
-from workers.data import BatchSampler
-from workers.hdf5 import HDF5BatchSampler
-from workers.job import build_sparse_model, load_data, lr_lambda, make_optimizer, model_config
+from workers.build import LoopSettings, Run, build_run
 from workers.model import ROUTED_EXPERT as EXPERT  # routed and shared experts alike
 from workers.perf import PerfProjector
 from workers.safe_files import read_text
-from workers.precision import Precision, resolve_precision
 from csx_config import JobSpec
-from csx_config.schedulers import warmup_steps
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")
 AFTER_WARMUP = "eval/perplexity_after_warmup"
@@ -60,53 +58,6 @@ def mask_hash(alg: Any) -> str:
     for _, _, mask in alg.sparse_parameters():
         digest.update(mask.contiguous().cpu().numpy().tobytes())
     return digest.hexdigest()
-
-
-@dataclass
-class Run:
-    """Everything one rank holds during a job."""
-    spec: JobSpec
-    model: torch.nn.Module  # masked linears become the fabric's CSR layers in place (_compile)
-    alg: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    sampler: BatchSampler | HDF5BatchSampler
-    eval_data: Any  # (inputs, targets) batches: a list, or workers.hdf5.HDF5EvalBatches
-    config_dict: dict[str, Any]
-    tokenizer_json: dict[str, Any]
-    device: torch.device = torch.device("cpu")
-    precision: Precision = Precision()
-    scaler: torch.amp.GradScaler | None = None
-    step: int = 0
-    phase_start: int = 0  # the step this training phase began; it ends max_steps later
-    end_step: int = 0
-    best_eval_loss: float = math.inf
-    mask_hashes: list[list[Any]] = field(default_factory=list)
-    router_loads: list[torch.Tensor] = field(default_factory=list)  # per step since the last log (MoE)
-    skipped_checkpoints: list[str] = field(default_factory=list)  # damaged ones a resume passed over
-    warnings: list[str] = field(default_factory=list)
-
-
-def _build(spec: JobSpec, model_dir: Path, rank: int, world_size: int, device: torch.device) -> Run:
-    # Dropout draws from the global generator, which torch seeds at random in every process:
-    # seeded per run and replica, the same seed gives the same losses (a resume then restores
-    # the checkpoint's generator state over this one).
-    torch.manual_seed(spec.runconfig.seed * 1_000_003 + rank)
-    data = load_data(spec, model_dir, rank=rank, world_size=world_size, save_tokenizer_file=rank == 0)
-    config = model_config(spec, data.vocab_size, data.sampler.seq_len)
-    model, alg = build_sparse_model(spec, config)
-    model.to(device)  # in place: the algorithm's parameters and mask buffers move with it
-    precision = resolve_precision(spec.model.model_extra or {}, spec.optimizer.model_extra or {},
-                                  device)
-    optimizer = make_optimizer(spec.optimizer, model, spec.optimizer.adjust_learning_rate)
-    if alg is not None:
-        alg.apply(optimizer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec.optimizer))
-    return Run(spec=spec, model=model, alg=alg, optimizer=optimizer,
-               scheduler=scheduler, sampler=data.sampler, eval_data=data.eval_data,
-               config_dict=asdict(config), tokenizer_json=data.tokenizer_json,
-               device=device, precision=precision, scaler=precision.scaler(device),
-               end_step=spec.runconfig.max_steps)
 
 
 CALIBRATION_FILE = "kernel_calibration.json"
@@ -152,11 +103,11 @@ def _compile(run: Run, world_size: int, rank: int, model_dir: Path, all_reduce: 
     if run.alg is not None:
         import simulator
 
-        policy = run.spec.runconfig.sparse_kernel
+        policy = run.settings.sparse_kernel
         # On CUDA "auto" is masked dense (simulator.layers), measured by no CPU calibration.
         calibrate = policy == "auto" and run.device.type == "cpu"
         calibration = _job_calibration(model_dir, all_reduce, write=rank == 0) if calibrate else None
-        tokens = run.spec.train_input.batch_size // world_size * run.sampler.seq_len
+        tokens = run.settings.global_batch_size // world_size * run.sampler.seq_len
         simulator.compile(run.model, algorithm=run.alg, tokens=tokens, kernel=policy,
                           calibration=calibration, optimizer=run.optimizer)
 
@@ -171,7 +122,7 @@ def _state(run: Run) -> dict[str, Any]:
         "data_position": run.sampler.state_dict(),
         "step": run.step,
         "phase_start": run.phase_start,
-        "spec": run.spec.model_dump(mode="json"),
+        "spec": run.settings.spec_json,
         "model_config": run.config_dict,
         "tokenizer": run.tokenizer_json,
         "best_eval_loss": run.best_eval_loss,
@@ -198,7 +149,7 @@ def _load_weights(run: Run, state: dict[str, Any], source: Path) -> None:
     same sparsity section (else the algorithm only takes its step count; a changed level moves
     the masks to the new target as they load)."""
     if run.alg is not None and state.get("sparsity") is not None:
-        if ckpt.sparsity_of(state) == run.spec.model_dump(mode="json")["sparsity"]:
+        if ckpt.sparsity_of(state) == run.settings.sparsity_section:
             run.alg.load_state_dict(state["sparsity"])
         else:
             _set_algorithm_step(run.alg, int(state.get("step", 0)))
@@ -218,7 +169,7 @@ def _restore(run: Run, state: dict[str, Any], path: Path) -> None:
     run.sampler.load_state_dict(state["data_position"])
     run.step = int(state["step"])
     run.phase_start = int(state.get("phase_start", 0))
-    run.end_step = run.phase_start + run.spec.runconfig.max_steps
+    run.end_step = run.phase_start + run.settings.max_steps
     run.best_eval_loss = float(state.get("best_eval_loss", math.inf))
     run.mask_hashes = list(state.get("mask_hashes", []))
     if run.scaler is not None and "grad_scaler" in state:
@@ -235,7 +186,7 @@ def _start_phase(run: Run, state: dict[str, Any], path: Path) -> None:
     if "rng" in state:
         _set_rng_state(state["rng"], run.device)
     run.step = run.phase_start = int(state.get("step", 0))
-    run.end_step = run.phase_start + run.spec.runconfig.max_steps
+    run.end_step = run.phase_start + run.settings.max_steps
     missing = [key for key in ckpt.TRAINING_KEYS if key not in state]
     made = sorted(name for name, count in counts.items() if count["saved"] is None)
     logging.getLogger("csx").info(
@@ -255,21 +206,21 @@ def _start(run: Run, folder: Path) -> None:
     if newest is not None:
         path, state, skipped = newest
         run.skipped_checkpoints = skipped
-    elif run.spec.runconfig.checkpoint_path:
-        path = Path(run.spec.runconfig.checkpoint_path)
+    elif run.settings.checkpoint_path:
+        path = Path(run.settings.checkpoint_path)
         state = ckpt.load_checkpoint(path)
     else:
         return
     step = int(state.get("step", 0))
-    finished = step >= int(state.get("phase_start", 0)) + run.spec.runconfig.max_steps
-    changed = ckpt.sparsity_of(state) != run.spec.model_dump(mode="json")["sparsity"]
+    finished = step >= int(state.get("phase_start", 0)) + run.settings.max_steps
+    changed = ckpt.sparsity_of(state) != run.settings.sparsity_section
     if any(key not in state for key in ckpt.TRAINING_KEYS) or (finished and changed):
         _start_phase(run, state, path)
         return
     _restore(run, state, path)
     if finished:
         _warn(run, f"{path} is already trained to step {step} (runconfig.max_steps "
-                   f"{run.spec.runconfig.max_steps} from step {run.phase_start}): nothing to "
+                   f"{run.settings.max_steps} from step {run.phase_start}): nothing to "
                    "train. Raise max_steps to train further, or change the sparsity section to "
                    "start a new pruning phase.")
 
@@ -354,8 +305,8 @@ def _optimizer_step(run: Run, all_reduce: AllReduce | None) -> tuple[float, bool
         # Every rank holds the same averaged gradients, so every rank skips the same steps
         # (and, with them, their mask updates).
         run.scaler.unscale_(run.optimizer)
-    if run.spec.optimizer.max_gradient_norm:
-        torch.nn.utils.clip_grad_norm_(params, run.spec.optimizer.max_gradient_norm)
+    if run.settings.max_gradient_norm:
+        torch.nn.utils.clip_grad_norm_(params, run.settings.max_gradient_norm)
     dense_grad = run.alg is not None and run.alg.needs_dense_grad()
     if run.scaler is not None:
         run.scaler.step(run.optimizer)
@@ -370,8 +321,8 @@ def _optimizer_step(run: Run, all_reduce: AllReduce | None) -> tuple[float, bool
 def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evaluate_periodically: bool,
                  all_reduce: AllReduce | None, tracker: Any, progress: Callable[[dict], None] | None,
                  summary: dict[str, Any]) -> None:
-    rc = run.spec.runconfig
-    global_tokens = run.spec.train_input.batch_size * run.sampler.seq_len
+    rc = run.settings
+    global_tokens = run.settings.global_batch_size * run.sampler.seq_len
     projector = PerfProjector(run.model, run.alg, seq_len=run.sampler.seq_len,
                               global_tokens=global_tokens, num_csx=world_size)
     log = _MetricLog(tracker if rank == 0 else None)
@@ -469,7 +420,7 @@ def router_load_metrics(loads: list[torch.Tensor]) -> dict[str, float]:
 def _record_eval(run: Run, metrics: dict[str, float], summary: dict[str, Any], log: _MetricLog) -> None:
     """Log an evaluation; past a warm-up also as `AFTER_WARMUP`, a chart whose axis spans the
     perplexities that tell variants apart, not the hundreds of the first steps."""
-    warmup = warmup_steps(run.spec.optimizer.learning_rate)
+    warmup = run.settings.warmup_steps
     if warmup and run.step - run.phase_start > warmup:
         metrics = {**metrics, AFTER_WARMUP: metrics["eval/perplexity"]}
     run.best_eval_loss = min(run.best_eval_loss, metrics["eval/loss"])
@@ -479,14 +430,14 @@ def _record_eval(run: Run, metrics: dict[str, float], summary: dict[str, Any], l
     log.flush()
 
 
-def _checkpoints_to_evaluate(spec: JobSpec, model_dir: Path, mode: str) -> Iterator[tuple[Path, dict[str, Any]]]:
+def _checkpoints_to_evaluate(settings: LoopSettings, model_dir: Path, mode: str) -> Iterator[tuple[Path, dict[str, Any]]]:
     """(path, state) of each checkpoint `mode` evaluates, loaded one at a time: every one in
     model_dir (eval_all), else runconfig.checkpoint_path, else model_dir's newest that loads."""
     if mode == "eval_all" and (found := ckpt.list_checkpoints(model_dir)):
         for _, path in found:
             yield path, ckpt.load_checkpoint(path, inside=model_dir)
-    elif mode != "eval_all" and spec.runconfig.checkpoint_path:
-        path = Path(spec.runconfig.checkpoint_path)
+    elif mode != "eval_all" and settings.checkpoint_path:
+        path = Path(settings.checkpoint_path)
         yield path, ckpt.load_checkpoint(path)
     elif mode != "eval_all" and (newest := ckpt.newest_valid_checkpoint(model_dir)) is not None:
         yield newest[0], newest[1]
@@ -518,8 +469,9 @@ def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, 
     folder = Path(model_dir)
     if rank == 0:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "params.yaml").write_text(spec.to_yaml(), encoding="utf-8")
-    run = _build(spec, folder, rank, world_size, where)
+    run = build_run(spec, folder, rank, world_size, where)
+    if rank == 0:
+        (folder / "params.yaml").write_text(run.settings.params_yaml, encoding="utf-8")
     summary: dict[str, Any] = {"mode": mode, "eval_history": [], "train_losses": [],
                                "device": str(where), "precision": run.precision.applied}
     if rank == 0:
@@ -529,7 +481,7 @@ def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, 
 
     if mode in ("eval", "eval_all"):
         _compile(run, world_size, rank, folder, all_reduce)  # loading a checkpoint later updates the CSR layers' tensors in place
-        for path, state in _checkpoints_to_evaluate(spec, folder, mode):
+        for path, state in _checkpoints_to_evaluate(run.settings, folder, mode):
             _load_weights(run, state, path)
             run.step = int(state.get("step", 0))
             _record_eval(run, evaluate(run, all_reduce), summary, log)

@@ -132,6 +132,15 @@ def test_the_limit_is_per_worker_so_more_systems_admit_a_bigger_batch(
     assert client.post("/v1/jobs", json={**body, "num_csx": 4}, headers=alice).status_code == 201
 
 
+def test_a_model_vocabulary_below_the_tokenizers_is_refused_at_submit(
+        client: TestClient, alice: dict[str, str]) -> None:
+    """The estimate sizes the model with the data's vocabulary (workers.data): one the byte
+    tokenizer cannot fit is a 422, not a queued job that fails when its workers build it."""
+    body = job_body(model={"preset": "tiny", "vocab_size": 100})
+    message = _memory_refusal(client.post("/v1/jobs", json=body, headers=alice))
+    assert "model.vocab_size (100) is smaller than the tokenizer's vocabulary (256)" in message
+
+
 def test_studies_are_admitted_variant_by_variant(client: TestClient,
                                                  alice: dict[str, str]) -> None:
     client.app.state.settings.memory_per_csx_gib = 6.0

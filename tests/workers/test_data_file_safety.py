@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from csx_config import JobSpec
-from workers.data import load_splits
+from workers.text import load_splits
 from workers.hdf5 import h5_files
-from workers.job import TOKENIZER_FILE, load_tokenizer
+from workers.data import TOKENIZER_FILE, load_tokenizer
 from workers.safe_files import RefusedFile
 from workers_helpers import memory_headroom
 

@@ -248,7 +248,8 @@ def test_lr_schedule_is_one_line_per_phase_without_unset_keys():
 
 def test_job_params_hold_the_model_as_built():
     """A preset fills the sizes the file leaves out; the params say what was built."""
-    from workers.job import model_config, planned_shapes
+    from workers.build import model_config
+    from workers.data import planned_shapes
     from csx_config import JobSpec
 
     spec = JobSpec.from_yaml("model: {preset: mini, num_hidden_layers: 3}\n"

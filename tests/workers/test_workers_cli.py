@@ -9,7 +9,7 @@ import torch
 
 from workers import cli
 from workers.checkpoint import load_checkpoint
-from workers.job import model_config
+from workers.build import model_config
 from workers.model import build_model
 from workers.plan import validate_plan
 from csx_config import JobSpec

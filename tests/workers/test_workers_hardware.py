@@ -9,11 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.cluster import LiveCluster
+from workers import hardware
 from workers.hardware import (
+    GPU_MEMORY_RESOURCE,
     ClusterSummary,
     Node,
     SystemHardware,
     intra_op_threads,
+    machine_resources,
     nodes_from_ray,
     per_system_hardware,
     summarise,
@@ -69,8 +72,32 @@ def test_ray_node_records_skip_dead_nodes_and_summarise_per_system():
     ]
     summary = summarise(nodes_from_ray(records))
     assert summary == ClusterSummary(systems=3, nodes=2, cpus_per_system=2.0,
-                                     gpus_per_system=0.0, memory_per_system_bytes=4 * 2**30)
+                                     gpus_per_system=0.0, memory_per_system_bytes=4 * 2**30,
+                                     gpus=2.0)
     assert "3 CS-2 systems on 2 Ray node(s)" in summary.describe()
+
+
+def test_gpu_memory_is_what_each_gpu_node_declares_and_the_least_one_counts():
+    def node(address, gpus, gib=None):
+        resources = {"CPU": 8.0, "GPU": float(gpus), "memory": 2.0**36, "csx": 2.0}
+        if gib is not None:
+            resources[GPU_MEMORY_RESOURCE] = gib  # the node's GPUs together
+        return {"Alive": True, "NodeManagerAddress": address, "Resources": resources}
+
+    nodes = nodes_from_ray([node("a", 2, 160.0), node("b", 4, 96.0), node("c", 2), node("d", 0)])
+    assert [n.gpu_memory_bytes / 2**30 for n in nodes] == [80.0, 24.0, 0.0, 0.0]
+    summary = summarise(nodes)
+    assert (summary.gpus, summary.gpu_memory_bytes) == (8.0, 24 * 2**30)
+    assert "(24.0 GiB each)" in summary.describe()
+    assert summarise(nodes[2:]).gpu_memory_bytes == 0.0  # no node declares it
+
+
+def test_the_local_node_declares_its_gpus_memory_only_where_it_has_gpus(monkeypatch):
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(hardware, "gpu_memory_bytes", lambda: 80 * 2.0**30)
+    assert machine_resources(2) == {"csx": 2, GPU_MEMORY_RESOURCE: 160.0}
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: 0)
+    assert machine_resources(3) == {"csx": 3}
 
 
 nodes_strategy = st.lists(st.builds(Node, address=st.just("n"), systems=st.integers(0, 4),
@@ -159,12 +186,13 @@ def test_the_loop_autocasts_and_scales_the_loss_as_its_precision_says(tmp_path, 
     """The CUDA precision path, run on CPU (bf16 autocast and a GradScaler both exist there):
     the scaler's state is checkpointed and a resume picks it up."""
     from csx_config import JobSpec
+    from workers import build
     from workers import train as loop
     from workers.checkpoint import checkpoint_path, load_checkpoint
     from workers.precision import Precision
 
     scaled = Precision(torch.bfloat16, "dynamic", 256.0, 3, applied="bf16 + scaler (test)")
-    monkeypatch.setattr(loop, "resolve_precision", lambda *_: scaled)
+    monkeypatch.setattr(build, "resolve_precision", lambda *_: scaled)
     text = ("train_input: {batch_size: 4, max_sequence_length: 16}\nmodel: {preset: tiny}\n"
             "sparsity: {algorithm: rigl, sparsity: 0.5, update: {freq: 2}}\n"
             "runconfig: {max_steps: 4, checkpoint_steps: 2, log_steps: 2, sparse_kernel: dense}\n")

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from workers import cli
-from workers.data import strip_gutenberg
+from workers.text import strip_gutenberg
 from workers.hdf5 import HDF5BatchSampler, HDF5EvalBatches, HDF5Samples
-from workers.job import check_data, load_data
+from workers.data import check_data, load_data
 from csx_config import JobSpec
 from workers_helpers import preprocess_texts
 
@@ -40,7 +40,7 @@ def test_preprocess_writes_modelzoos_layout(corpus):
 
 
 def test_preprocess_with_a_local_bpe_vocabulary(tmp_path):
-    from workers.data import BPETokenizer
+    from workers.text import BPETokenizer
 
     vocab = tmp_path / "tokenizer.json"
     vocab.write_text(BPETokenizer.train([TEXT], 300)._tokenizer.to_str())
@@ -56,7 +56,7 @@ def test_preprocess_with_a_local_bpe_vocabulary(tmp_path):
 
 
 def test_text_data_with_a_bpe_from_a_local_vocabulary_file(tmp_path):
-    from workers.data import BPETokenizer
+    from workers.text import BPETokenizer
 
     vocab = tmp_path / "tokenizer.json"
     vocab.write_text(BPETokenizer.train([TEXT], 300)._tokenizer.to_str())

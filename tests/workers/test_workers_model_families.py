@@ -21,7 +21,8 @@ from csx_config.keys import HINTS, same_spelling, unknown_key_message
 from csx_config.sections import ModelSpec
 from test_workers_model_features import GPT, LLAMA, band, reference_attention, tokens
 from workers import cli
-from workers.job import model_config, planned_shapes
+from workers.build import model_config
+from workers.data import planned_shapes
 from workers.model import build_model, load_balancing_loss, variance_scaling_, visible_keys
 from workers.plan import plan_table, validate_plan
 

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.job import model_config
+from workers.build import model_config
 from workers.model import (
     ModelConfig,
     alibi_slopes,
@@ -272,7 +272,7 @@ def test_mup_initializers_and_logit_scale_reproduce_the_published_explicit_value
 
 
 def test_mup_learning_rates_are_divided_by_the_width_multipliers():
-    from workers.job import lr_lambda, make_optimizer
+    from workers.build import lr_lambda, make_optimizer
     from csx_config import OptimizerSpec
 
     config = replace(GPT, nonlinearity="swiglu", mup_base_hidden_size=8, mup_base_filter_size=16)  # x4, x3
@@ -297,7 +297,7 @@ def test_mup_learning_rates_are_divided_by_the_width_multipliers():
 
 
 def test_the_1x_adjust_learning_rate_scales_every_decoder_kernel():
-    from workers.job import make_optimizer
+    from workers.build import make_optimizer
     from csx_config import OptimizerSpec
 
     model = build_model(replace(GPT, nonlinearity="swiglu"), seed=0)
@@ -315,12 +315,12 @@ def test_the_1x_adjust_learning_rate_scales_every_decoder_kernel():
 def test_the_files_adjust_learning_rate_reaches_the_training_optimizer(tmp_path):
     from csx_config import LR_ADJUSTMENT_GROUPS as NAMED_IN_THE_SCHEMA
     from workers.model import LR_ADJUSTMENT_GROUPS
-    from workers.train import _build
+    from workers.build import build_run
 
     assert tuple(LR_ADJUSTMENT_GROUPS) == NAMED_IN_THE_SCHEMA
     spec = JobSpec.from_yaml("model: {preset: tiny}\ntrain_input: {batch_size: 2, max_sequence_length: 16}\n"
                              "optimizer: {learning_rate: 0.01, adjust_learning_rate: {decoder_kernel: 0.25}}\n")
-    run = _build(spec, tmp_path, rank=0, world_size=1, device=torch.device("cpu"))
+    run = build_run(spec, tmp_path, rank=0, world_size=1, device=torch.device("cpu"))
     names = {id(p): n for n, p in run.model.named_parameters()}
     factor = {names[id(p)]: group["initial_lr"] for group in run.optimizer.param_groups for p in group["params"]}
     kernels = {n for n in factor if n.startswith("transformer_decoder.") and n.endswith(".weight") and "norm" not in n}
@@ -537,7 +537,7 @@ FAMILY_PROXIES = {
 
 @pytest.mark.parametrize("family", FAMILY_PROXIES)
 def test_family_proxies_fit_a_batch(family):
-    from workers.job import lr_lambda, make_optimizer
+    from workers.build import lr_lambda, make_optimizer
     from csx_config import OptimizerSpec
 
     model = build_model(FAMILY_PROXIES[family], seed=0)

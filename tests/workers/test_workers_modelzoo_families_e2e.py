@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 from csx_config import JobSpec
 from workers import cli
 from workers.checkpoint import checkpoint_path, load_checkpoint
-from workers.job import build_sparse_model
+from workers.build import build_sparse_model
 from workers.model import ModelConfig
 from workers.plan import validate_plan
 from workers.runner import run_job

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from workers.build import loop_settings
 from workers.checkpoint import list_checkpoints, load_checkpoint
 from csx_config import JobSpec
 from workers.train import AFTER_WARMUP, _MetricLog, _record_eval, train
@@ -94,7 +95,7 @@ def test_perplexity_after_warmup_repeats_the_evaluations_past_the_warmup(referen
 
 def test_no_perplexity_after_warmup_until_the_warmup_is_over():
     tracker, summary = FakeTracker(), {"eval_history": []}
-    run = SimpleNamespace(spec=JobSpec.from_yaml(SPEC), phase_start=0, best_eval_loss=math.inf)
+    run = SimpleNamespace(settings=loop_settings(JobSpec.from_yaml(SPEC)), phase_start=0, best_eval_loss=math.inf)
     for run.step in (2, 4, 5):  # SPEC warms up for 4 steps
         _record_eval(run, {"eval/loss": 2.0, "eval/perplexity": 7.4}, summary, _MetricLog(tracker))
     assert [step for step, m in sorted(tracker.metrics.items()) if AFTER_WARMUP in m] == [5]
@@ -216,7 +217,7 @@ def test_replica_mask_check_fails_fast_on_the_first_diverging_update():
 def test_optimizer_uses_the_fused_cpu_kernel_unless_the_class_has_none():
     """Fused Adam(W) is what bench/masked_overhead.py measures at <= 1.05x of dense; the
     default foreach path is slow on the exact zeros of a masked second moment."""
-    from workers.job import make_optimizer
+    from workers.build import make_optimizer
     from csx_config import OptimizerSpec
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
@@ -279,3 +280,12 @@ def test_a_moe_run_shows_router_load_and_each_experts_sparsity_in_mlflow(tmp_pat
         for expert in range(4):
             history = client.get_metric_history(tracker.run_id, f"experts/sparsity/L{layer:02d}.expert{expert}")
             assert [m.step for m in history] == [0, 5, 10] and all(m.value == pytest.approx(0.5) for m in history)
+
+
+def test_the_loop_imports_neither_ray_nor_mlflow():
+    """workers.train runs where only torch is installed (issue 31): building a run and the loop
+    import neither Ray nor MLflow."""
+    code = ("import sys, workers.train; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'mlflow'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

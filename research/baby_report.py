@@ -4,7 +4,7 @@ Reads research/results/study_results_baby_gpt.json (`research/study_results.py -
 per sparsity level at the file's width, each variant's final validation loss (ln of the
 perplexity, nanoGPT's number) over seeds, its paired gap to Static (same seed, same data order),
 and a verdict on each published claim; then, where several widths ran, each sparse variant's gap
-to dense and to Static against width (docs/images/baby_gpt_width_gaps.png).
+to dense and to Static against width, per level (docs/images/baby_gpt_width_gaps_<level>.png).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ CLAIMS = (("rigl", "static"), ("set", "static"), ("granet", "rigl"))
 NANOGPT_DENSE_LOSS = 1.88  # nanoGPT's README, the CPU "baby GPT" run on tiny Shakespeare
 BASE_WIDTH = 128  # the file's hidden_size: the level tables are at this width
 TITLE = "## The reference study at nanoGPT's baby-GPT shape (4 layers × 128)"
-WIDTH_PNG = "baby_gpt_width_gaps.png"
 
 
 def _loss(run: dict[str, Any]) -> float:
@@ -127,9 +126,13 @@ def width_png(runs: list[dict[str, Any]], level: float, widths: list[int], path:
     figure.savefig(path)
 
 
+def width_png_name(level: float) -> str:
+    return f"baby_gpt_width_gaps_{round(level * 100)}.png"
+
+
 def width_lines(runs: list[dict[str, Any]], level: float, widths: list[int],
                 images: Path) -> list[str]:
-    width_png(runs, level, widths, images / WIDTH_PNG)
+    width_png(runs, level, widths, images / width_png_name(level))
     header = " | ".join(f"{w}" for w in widths)
     lines = [f"### Width sweep at {level:.0%}: the gaps against model width", "",
              "Depth (4 layers), heads (4), block, batch and recipe fixed; FFN 4 × width. Each "
@@ -147,7 +150,8 @@ def width_lines(runs: list[dict[str, Any]], level: float, widths: list[int],
     params = {r["width"]: r["params"] for r in runs if r["variant"] == "dense"}
     lines += ["| parameters (dense) | " + " | ".join(f"{params[w]:,}" if w in params else "—"
                                                      for w in widths) + " |", "",
-              f"![gaps to dense and Static against width](images/{WIDTH_PNG})", ""]
+              f"![gaps to dense and Static against width at {level:.0%}]"
+              f"(images/{width_png_name(level)})", ""]
     return lines
 
 
@@ -155,7 +159,6 @@ def baby_section(data: dict[str, Any], images: Path) -> list[str]:
     runs = data["runs"]
     dense = _losses(runs, "dense", None, BASE_WIDTH)
     levels = sorted({r["level"] for r in runs if r["level"] is not None and r["width"] == BASE_WIDTH})
-    widths = sorted({r["width"] for r in runs})
     partial = "" if data.get("complete", True) else (
         f" **Partial:** the last run was stopped after {len(runs)} runs; each table gives the "
         "seeds each number has.")
@@ -192,8 +195,11 @@ def baby_section(data: dict[str, Any], images: Path) -> list[str]:
               "`make run`'s 10 minutes on such a machine.", ""]
     for level in levels:
         lines += level_lines(runs, level)
-    if len(widths) > 1:
-        lines += width_lines(runs, levels[0] if levels else 0.8, widths, images)
+    for level in sorted({r["level"] for r in runs if r["level"] is not None}):
+        # the widths where some sparse variant ran at this level
+        widths = sorted({r["width"] for r in runs if r["level"] == level})
+        if len(widths) > 1:
+            lines += width_lines(runs, level, widths, images)
     return lines
 
 

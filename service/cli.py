@@ -172,14 +172,25 @@ def _serve_api(args: argparse.Namespace) -> int:
         from service.supervised import MlflowUI
 
         store = Path(settings.mlflow_tracking_uri.removeprefix("sqlite:///"))
+        if settings.mlflow_admin_password is None and _user_count(settings) > 1:
+            # Several users: the UI must not show one user's runs to another.
+            from pydantic import SecretStr
+
+            from service.mlflow_auth import stored_admin_password
+
+            store.parent.mkdir(parents=True, exist_ok=True)
+            password = SecretStr(stored_admin_password(store.parent))
+            settings = settings.model_copy(update={"mlflow_admin_password": password})
         try:
-            ui = MlflowUI(store=store, url=settings.mlflow_ui_url,
+            ui = MlflowUI(store=store, url=settings.mlflow_ui_url, access=settings.mlflow_access,
                           log_path=settings.runs_dir / "mlflow-ui.log")
         except StackError as err:
             print(f"csx serve: {err}", file=sys.stderr)
             return 1
-        print(f"MLflow UI: {ui.url} (store {store}, artifacts {store.parent / MLFLOW_ARTIFACTS})",
-              flush=True)
+        sign_in = ("sign in with GET /v1/mlflow/credentials" if settings.mlflow_access
+                   else "open: one user")
+        print(f"MLflow UI: {ui.url} ({sign_in}; store {store}, artifacts "
+              f"{store.parent / MLFLOW_ARTIFACTS})", flush=True)
         settings = settings.model_copy(update={"mlflow_tracking_uri": ui.url,
                                                "mlflow_ui_url": ui.url})
     print(found_cluster(settings), flush=True)
@@ -192,6 +203,23 @@ def _serve_api(args: argparse.Namespace) -> int:
         if ui is not None:
             ui.close()
     return 0
+
+
+def _user_count(settings: Any) -> int:
+    """Users (tokens) in the service's database; 0 before its first migration."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    from service import crud
+    from service.db import make_engine, make_sessionmaker
+
+    engine = make_engine(settings.database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            return crud.user_count(session)
+    except (OperationalError, ProgrammingError):  # no tokens table yet
+        return 0
+    finally:
+        engine.dispose()
 
 
 def found_cluster(settings: Any) -> str:
@@ -221,9 +249,13 @@ def token_create_command(args: argparse.Namespace) -> int:
         with make_sessionmaker(engine)() as session:
             _, secret = crud.create_token(session, name=args.name, is_admin=args.admin)
             session.commit()
+            users = crud.user_count(session)
     finally:
         engine.dispose()
     print(secret)
+    if users == 2 and settings.mlflow_admin_password is None:
+        print("csx token: this is the second user: restart csx serve so that the MLflow UI it "
+              "runs asks each user to sign in (GET /v1/mlflow/credentials)", file=sys.stderr)
     return 0
 
 

@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,9 +42,10 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
-from service import crud, joblogs, lease
+from service import crud, joblogs, lease, run_tags
 from service.jobs import memory_problems
-from service.models import Job
+from service.mlflow_auth import experiment_name
+from service.models import Job, Study
 from service.settings import Settings
 from service.states import HOLDING, RESUMABLE, TERMINAL, JobStatus, move
 
@@ -177,6 +179,7 @@ class Scheduler:
         self.launcher = launcher or RayLauncher(settings)
         self._executions: dict[int, Execution] = {}
         self._executions_lock = threading.Lock()
+        self._parent_runs_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -462,8 +465,10 @@ class Scheduler:
             run_name, run_tags = run_identity(job)  # MLflow run name and csx.* tags
             launch_args = {
                 "num_csx": job.num_csx, "mode": job.mode, "model_dir": str(model_dir),
-                "mlflow_run_id": job.mlflow_run_id, "experiment": job.experiment,
-                "parent_run_id": job.study.mlflow_run_id if job.study else None,
+                "mlflow_run_id": job.mlflow_run_id,
+                "experiment": experiment_name(self.settings.mlflow_access, job.owner.name,
+                                              job.experiment),
+                "parent_run_id": self._parent_run(session, job.study) if job.study else None,
                 "progress": lambda event: self._on_progress(execution, event),
                 "max_failures": job.max_failures,
                 "tracking_uri": self.settings.mlflow_tracking_uri,
@@ -472,11 +477,29 @@ class Scheduler:
             session.commit()
         return spec, launch_args
 
+    def _parent_run(self, session: Session, study: Study) -> str:
+        """The study's parent MLflow run, opened by its first job to start (not by the request
+        that submitted the study: that must not wait on MLflow); committed at once, under a
+        lock, so the study's other jobs find it."""
+        with self._parent_runs_lock:
+            session.refresh(study)
+            if study.mlflow_run_id is None:
+                from service.studies import open_parent_run
+
+                study.mlflow_experiment_id, study.mlflow_run_id = open_parent_run(self.settings,
+                                                                                  study)
+                session.commit()
+            return study.mlflow_run_id
+
     def _started(self, job_id: int, handle: Handle) -> None:
         def apply(session: Session, job: Job) -> None:
             if handle.run_id and job.mlflow_run_id != handle.run_id:
                 job.mlflow_run_id = handle.run_id
                 job.mlflow_experiment_id = _experiment_id(self.settings, handle.run_id)
+                if (access := self.settings.mlflow_access) is not None:
+                    grant = partial(access.grant_read, job.owner.name, [job.mlflow_experiment_id])
+                    run_tags.submit_write(access.tracking_uri, f"letting {job.owner.name} read "
+                                          f"experiment {job.mlflow_experiment_id}", grant)
             if job.status in (S.PROVISIONING, S.RECOVERING):
                 self._move(session, job, S.RUNNING, f"worker group of {job.num_csx} started")
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.cluster import machine_summary
+from service.mlflow_auth import MlflowAccess
 from workers.hardware import ClusterSummary
 
 
@@ -29,6 +30,12 @@ class Settings(BaseSettings):
     runs_dir: Path = Path("./runs")
     mlflow_tracking_uri: str = "sqlite:///./mlflow.db"
     mlflow_ui_url: str = "http://127.0.0.1:5000"
+    # MLflow's authentication (service/mlflow_auth.py), on when the admin password is set: the
+    # tracking server runs `--app-name basic-auth` with this admin account (docker-compose
+    # requires the password; `csx serve` makes one for the UI it starts when the database holds
+    # several users' tokens). No password: MLflow is open, for a single-user stack only.
+    mlflow_admin_username: str = Field(default="csx-service", min_length=1, max_length=100)
+    mlflow_admin_password: SecretStr | None = Field(default=None, min_length=12)
     # Where train_input/eval_input data_dir may point besides "builtin:<name>" data sets.
     allowed_data_roots: list[Path] = [Path("./data")]
     # Accept and queue jobs but start none: for load tests and maintenance.
@@ -103,6 +110,13 @@ class Settings(BaseSettings):
         if self.memory_per_csx_gib is not None:
             return int(self.memory_per_csx_gib * 2**30)
         return int(self.cluster().memory_per_system_bytes)
+
+    @property
+    def mlflow_access(self) -> MlflowAccess | None:
+        if self.mlflow_admin_password is None:
+            return None
+        return MlflowAccess(self.mlflow_tracking_uri, self.mlflow_admin_username,
+                            self.mlflow_admin_password.get_secret_value())
 
     @property
     def is_sqlite(self) -> bool:

@@ -89,6 +89,9 @@ def serve_command(args: argparse.Namespace) -> int:
     """`csx serve` runs the API in a child process and restarts it when it dies (losing the
     local Ray head ends a Ray driver's process a minute later); the restarted one takes the
     dead one's lease at once and resumes its jobs from their last checkpoints."""
+    from service.settings import Settings
+
+    Settings().check_clear_of_ray_workers(args.port)
     if os.environ.get(API_PROCESS_ENV) == "1":
         return _serve_api(args)
     return _supervise_api(args)

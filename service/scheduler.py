@@ -82,6 +82,7 @@ class RayLauncher:
 
         self.cluster_size = settings.cluster_size
         self.runs_dir = settings.runs_dir
+        self.worker_ports = settings.ray_worker_ports
         self._head: Any = None
         self._lock = threading.Lock()
         # Capacity: the live cluster's csx resource (service/cluster.py); before the local head
@@ -115,7 +116,7 @@ class RayLauncher:
                 if self._head is None:
                     from service.supervised import RayHead
 
-                    self._head = RayHead(systems=systems,
+                    self._head = RayHead(systems=systems, worker_ports=self.worker_ports,
                                          log_path=self.runs_dir / "ray" / "head.log")
                 address = self._head.address
             connect_ray(systems=systems, address=address)

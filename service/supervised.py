@@ -44,6 +44,7 @@ from service.local_stack import (
     check_port_free,
     free_port,
     mlflow_ui_argv,
+    ray_worker_port_args,
     wait_for_line,
     wait_until_up,
 )
@@ -86,10 +87,12 @@ class SupervisedChild:
 
 class RayHead(SupervisedChild):
     """A local Ray head on a free port declaring `systems` simulated CS-2 systems (the `csx`
-    resource) over all of this machine's CPUs and GPUs; the service joins it at `address` as a
-    driver (`ray.init(address=...)`, which starts no processes of its own)."""
+    resource) over all of this machine's CPUs and GPUs, its workers binding `worker_ports`;
+    the service joins it at `address` as a driver (`ray.init(address=...)`, which starts no
+    processes of its own)."""
 
-    def __init__(self, *, systems: int, log_path: Path, start_timeout_s: float = 120.0) -> None:
+    def __init__(self, *, systems: int, log_path: Path, worker_ports: tuple[int, int],
+                 start_timeout_s: float = 120.0) -> None:
         port = free_port()
         self.address = f"{HOST}:{port}"
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
@@ -100,7 +103,7 @@ class RayHead(SupervisedChild):
         super().__init__("the local Ray head", [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
             "--port", str(port), "--resources", json.dumps({CSX_RESOURCE: systems}),
-            "--include-dashboard", "false",
+            *ray_worker_port_args(worker_ports), "--include-dashboard", "false",
             "--disable-usage-stats"], log_path=log_path, env=env,
             ready_line=RAY_STARTED.pattern, start_timeout_s=start_timeout_s)
 

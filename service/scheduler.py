@@ -514,6 +514,9 @@ class Scheduler:
         event = json.loads(json.dumps(event, default=str))
         joblogs.append(execution.folder, json.dumps(event))
 
+        if event.get("event") == "checkpoint_skipped":  # workers.train.SKIPPED_CHECKPOINT
+            return  # a warning for the job's log (written above), not progress
+
         def apply(session: Session, job: Job) -> None:
             if event.get("event") == "recovering":
                 job.failures = int(event.get("failures", job.failures + 1))

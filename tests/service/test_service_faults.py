@@ -242,3 +242,21 @@ def test_a_studys_jobs_share_the_parent_run_their_first_start_opened(
     handles = [launcher.handle_for(job["id"]) for job in study["jobs"]]
     parent = client.get(f"/v1/studies/{study['id']}", headers=alice).json()["mlflow_run_id"]
     assert parent and [h.kwargs["parent_run_id"] for h in handles] == [parent, parent]
+
+
+def test_a_skipped_damaged_checkpoint_is_in_the_jobs_log(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher) -> None:
+    """A resume passing over a damaged checkpoint warned only on the worker's stderr; the
+    worker now sends the warning as a progress event, which the service writes to the job's
+    log without taking it for progress."""
+    from workers.train import SKIPPED_CHECKPOINT
+
+    job_id = _submit(client, alice)
+    handle = launcher.handle_for(job_id)
+    wait_status(client, alice, job_id, "RUNNING")
+    progress = handle.kwargs["progress"]
+    progress({"step": 3, "max_steps": 10, "loss": 4.0, "tokens_per_s": 100.0})
+    reason = "checkpoint_8.mdl is truncated (12 of 4096 bytes); trying the checkpoint before it"
+    progress({"event": SKIPPED_CHECKPOINT, "reason": reason})
+    assert reason in client.get(f"/v1/jobs/{job_id}/logs", headers=alice).text
+    assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["progress"]["step"] == 3

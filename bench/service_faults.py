@@ -259,22 +259,39 @@ def mlflow_ui_killed(folder: Path) -> dict[str, Any]:
             "bad_5xx": 0}
 
 
-def main() -> int:
+SCENARIOS = (load, database_outage, lost_execution, second_server, sigterm, mlflow_ui_killed)
+COLUMNS = ("fault", "state", "recover_s", "lost", "stuck", "double_run", "bad_5xx")
+
+
+def run_faults() -> list[dict[str, Any]]:
+    """Each scenario in a folder of its own, which it leaves with nothing running."""
     rows = []
-    for scenario in (load, database_outage, lost_execution, second_server, sigterm,
-                     mlflow_ui_killed):
+    for scenario in SCENARIOS:
         with tempfile.TemporaryDirectory(prefix=f"csx-{scenario.__name__}-") as tmp:
             rows.append(scenario(Path(tmp)))
         print(json.dumps(rows[-1]), flush=True)
-    sound = all(r["lost"] == r["stuck"] == r["double_run"] == r["bad_5xx"] == 0
-                and r.get("ok", True) for r in rows)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"meets_target": sound, "faults": rows}, indent=2) + "\n")
+    return rows
+
+
+def is_sound(row: dict[str, Any]) -> bool:
+    return row["lost"] == row["stuck"] == row["double_run"] == row["bad_5xx"] == 0 \
+        and row.get("ok", True)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Markdown: fault, state reached, time to recover, lost, stuck, double-run, 5xx."""
     print("\n| fault | state reached | time to recover (s) | lost | stuck | double-run | "
           "5xx other than 503 |\n|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['fault']} | {r['state']} | {r['recover_s']} | {r['lost']} | {r['stuck']} | "
-              f"{r['double_run']} | {r['bad_5xx']} |")
+        print("| " + " | ".join(str(r[column]) for column in COLUMNS) + " |")
+
+
+def main() -> int:
+    rows = run_faults()
+    sound = all(is_sound(r) for r in rows)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"meets_target": sound, "faults": rows}, indent=2) + "\n")
+    print_table(rows)
     return 0 if sound else 1
 
 

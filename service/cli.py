@@ -175,15 +175,7 @@ def _serve_api(args: argparse.Namespace) -> int:
         from service.supervised import MlflowUI
 
         store = Path(settings.mlflow_tracking_uri.removeprefix("sqlite:///"))
-        if settings.mlflow_admin_password is None and _user_count(settings) > 1:
-            # Several users: the UI must not show one user's runs to another.
-            from pydantic import SecretStr
-
-            from service.mlflow_auth import stored_admin_password
-
-            store.parent.mkdir(parents=True, exist_ok=True)
-            password = SecretStr(stored_admin_password(store.parent))
-            settings = settings.model_copy(update={"mlflow_admin_password": password})
+        settings = with_ui_admin(settings, store)
         try:
             ui = MlflowUI(store=store, url=settings.mlflow_ui_url, access=settings.mlflow_access,
                           log_path=settings.runs_dir / "mlflow-ui.log")
@@ -206,6 +198,21 @@ def _serve_api(args: argparse.Namespace) -> int:
         if ui is not None:
             ui.close()
     return 0
+
+
+def with_ui_admin(settings: Any, store: Path) -> Any:
+    """`settings` with an MLflow admin password for the UI csx serve runs over `store` when its
+    database holds several users (one user's runs must not show to another): the one made for
+    this store before, else a new one. As they were with one user, or a password given."""
+    if settings.mlflow_admin_password is not None or _user_count(settings) <= 1:
+        return settings
+    from pydantic import SecretStr
+
+    from service.mlflow_auth import stored_admin_password
+
+    store.parent.mkdir(parents=True, exist_ok=True)
+    password = SecretStr(stored_admin_password(store.parent))
+    return settings.model_copy(update={"mlflow_admin_password": password})
 
 
 def _user_count(settings: Any) -> int:

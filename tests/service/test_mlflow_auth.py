@@ -138,3 +138,38 @@ def test_compose_runs_mlflow_with_authentication() -> None:
     # Workers get the credentials per job (runtime env), not through their containers.
     worker = compose["services"]["ray-worker"]["environment"]
     assert not {"MLFLOW_TRACKING_PASSWORD", "CSX_MLFLOW_ADMIN_PASSWORD"} & set(worker)
+
+
+def test_csx_serve_runs_its_ui_with_authentication_once_there_are_two_users(
+        service_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    from service import crud
+    from service.cli import with_ui_admin
+    from service.db import make_engine, make_sessionmaker, upgrade_database
+    from service.supervised import MlflowUI, SupervisedChild
+
+    store = Path(service_settings.mlflow_tracking_uri.removeprefix("sqlite:///"))
+    assert with_ui_admin(service_settings, store).mlflow_access is None  # no database yet
+    upgrade_database(service_settings.database_url)
+    engine = make_engine(service_settings.database_url)
+    users = []
+    for name in ("alice", "bob"):
+        with make_sessionmaker(engine)() as session:
+            crud.create_token(session, name=name)
+            session.commit()
+        users.append(with_ui_admin(service_settings, store).mlflow_access)
+    engine.dispose()
+    one, two = users
+    assert one is None and two is not None  # one user: the UI stays open
+    secret = store.parent / "mlflow-admin.secret"
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert with_ui_admin(service_settings, store).mlflow_access == two  # kept across restarts
+
+    started: dict = {}
+    monkeypatch.setattr(SupervisedChild, "__init__",
+                        lambda self, name, argv, **kw: started.update(argv=argv, env=kw["env"]))
+    MlflowUI(store=store, url="http://127.0.0.1:5999", log_path=store.parent / "ui.log",
+             access=two)
+    assert started["argv"][-2:] == ["--app-name", "basic-auth"]
+    env = started["env"]
+    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"] == two.admin_password
+    assert "NO_PERMISSIONS" in Path(env["MLFLOW_AUTH_CONFIG_PATH"]).read_text()

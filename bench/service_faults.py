@@ -10,6 +10,7 @@ long it takes to recover, what is lost, stuck, run twice, or answered 5xx other 
    stops, resuming it once.
 5. SIGTERM to `csx serve`: exit code 0.
 6. the MLflow UI of `csx serve` killed: back on its port.
+7. MLflow away: a job and a study submitted and the job cancelled must answer at once.
 Faults of files and checkpoints (items 7-9) are bench/file_faults.py's; a real training job's
 worker and API kills, bench/recovery.py's.
 
@@ -175,6 +176,44 @@ def lost_execution(folder: Path) -> dict[str, Any]:
             "bad_5xx": 0}
 
 
+def mlflow_away(folder: Path) -> dict[str, Any]:
+    """Submissions (a job, a study) and a cancel while the MLflow server does not answer: each
+    must answer at once, MLflow's writes being queued or left to the job's start."""
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    settings = Settings(database_url=f"sqlite:///{folder / 'away.db'}", runs_dir=folder / "runs",
+                        mlflow_tracking_uri="http://127.0.0.1:9",  # the discard port
+                        scheduler_interval_s=0.05)
+    launcher = ScriptedLauncher()
+    with TestClient(create_app(settings, launcher=launcher),
+                    raise_server_exceptions=False) as client:
+        alice = make_token(client, "alice")
+        slowest = 0.0
+
+        def timed(method: str, path: str, **kwargs: Any) -> httpx.Response:
+            nonlocal slowest
+            started = time.perf_counter()
+            response = client.request(method, path, headers=alice, **kwargs)
+            slowest = max(slowest, time.perf_counter() - started)
+            return response
+
+        job = timed("POST", "/v1/jobs", json=job_body())
+        params = {k: v for k, v in job_body()["params"].items() if k != "sparsity"}
+        study = timed("POST", "/v1/studies", json={
+            "name": "away", "params": params, "algorithms": ["dense"], "sparsity": 0.5})
+        handle = launcher.handle_for(job.json()["id"], timeout_s=120)
+        cancel = timed("POST", f"/v1/jobs/{job.json()['id']}:cancel")
+        cancelled = wait_status(client, alice, job.json()["id"], "CANCELLED")
+    codes = Counter(r.status_code for r in (job, study, cancel))
+    return {"fault": "MLflow away: submit, study, cancel",
+            "state": f"answers {dict(codes)}, slowest {slowest:.2f} s; job {cancelled['status']}",
+            "recover_s": None, "lost": 0, "stuck": int(not handle.cancelled.is_set()),
+            "double_run": 0, "bad_5xx": sum(n for c, n in codes.items() if c >= 500 and c != 503)}
+
+
 def second_server(folder: Path) -> dict[str, Any]:
     from fastapi.testclient import TestClient
 
@@ -259,7 +298,8 @@ def mlflow_ui_killed(folder: Path) -> dict[str, Any]:
             "bad_5xx": 0}
 
 
-SCENARIOS = (load, database_outage, lost_execution, second_server, sigterm, mlflow_ui_killed)
+SCENARIOS = (load, database_outage, lost_execution, mlflow_away, second_server, sigterm,
+             mlflow_ui_killed)
 COLUMNS = ("fault", "state", "recover_s", "lost", "stuck", "double_run", "bad_5xx")
 
 

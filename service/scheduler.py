@@ -37,6 +37,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from sqlalchemy import update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
@@ -469,28 +470,37 @@ class Scheduler:
                 "mlflow_run_id": job.mlflow_run_id,
                 "experiment": experiment_name(self.settings.mlflow_access, job.owner.name,
                                               job.experiment),
-                "parent_run_id": self._parent_run(session, job.study) if job.study else None,
+                "parent_run_id": None,
                 "progress": lambda event: self._on_progress(execution, event),
                 "max_failures": job.max_failures,
                 "tracking_uri": self.settings.mlflow_tracking_uri,
                 "run_name": run_name, "tags": run_tags,
             }
+            study_id = job.study_id
             session.commit()
+        if study_id is not None:  # outside the transaction: MLflow may take minutes to answer
+            launch_args["parent_run_id"] = self._parent_run(study_id)
         return spec, launch_args
 
-    def _parent_run(self, session: Session, study: Study) -> str:
+    def _parent_run(self, study_id: int) -> str:
         """The study's parent MLflow run, opened by its first job to start (not by the request
-        that submitted the study: that must not wait on MLflow); committed at once, under a
-        lock, so the study's other jobs find it."""
-        with self._parent_runs_lock:
-            session.refresh(study)
-            if study.mlflow_run_id is None:
-                from service.studies import open_parent_run
+        that submitted the study: that must not wait on MLflow), under a lock so the study's
+        other jobs find it; no database transaction stays open while MLflow answers."""
+        from service.studies import open_parent_run
 
-                study.mlflow_experiment_id, study.mlflow_run_id = open_parent_run(self.settings,
-                                                                                  study)
+        with self._parent_runs_lock:
+            with self.sessions() as session:
+                study = session.get(Study, study_id)
+                assert study is not None  # a job's study is never deleted
+                if study.mlflow_run_id is not None:
+                    return study.mlflow_run_id
+                session.expunge(study)  # its loaded fields (owner included) stay readable
+            experiment_id, run_id = open_parent_run(self.settings, study)
+            with self.sessions() as session:
+                session.execute(update(Study).where(Study.id == study_id).values(
+                    mlflow_experiment_id=experiment_id, mlflow_run_id=run_id))
                 session.commit()
-            return study.mlflow_run_id
+            return run_id
 
     def _started(self, job_id: int, handle: Handle) -> None:
         def apply(session: Session, job: Job) -> None:

@@ -37,6 +37,10 @@ CREATE_USER = "/api/2.0/mlflow/users/create"
 UPDATE_USER_PASSWORD = "/api/2.0/mlflow/users/update-password"
 GRANT_USER_PERMISSION = "/api/3.0/mlflow/users/permissions/grant"
 REQUEST_TIMEOUT_S = 10.0
+# MLflow checks a password with PBKDF2 on every request unless told to cache a check: the
+# workers' metric batches would each pay it. One server process (--workers 1) drops its cache
+# entry when a password changes through its API, which is the only way this service changes one.
+AUTH_CACHE_TTL_S = 60
 AUTH_CONFIG_FILE = "mlflow-auth.ini"
 AUTH_DATABASE = "mlflow-auth.db"
 ADMIN_SECRET_FILE = "mlflow-admin.secret"
@@ -123,7 +127,8 @@ def server_env(access: MlflowAccess, state_dir: Path) -> dict[str, str]:
     `state_dir`: a config file allowing nothing by default, and the admin account."""
     config = configparser.ConfigParser()
     config["mlflow"] = {"default_permission": "NO_PERMISSIONS",
-                        "database_uri": f"sqlite:///{state_dir.resolve() / AUTH_DATABASE}"}
+                        "database_uri": f"sqlite:///{state_dir.resolve() / AUTH_DATABASE}",
+                        "auth_cache_ttl_seconds": str(AUTH_CACHE_TTL_S)}
     path = state_dir / AUTH_CONFIG_FILE
     with path.open("w", encoding="utf-8") as out:
         config.write(out)

@@ -45,11 +45,18 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.stop()
 
 
+def _without_credentials_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No MLflow credentials in this process's environment, and none left after the test
+    (the service sets them when it starts: `setenv` first, so that the teardown removes them)."""
+    for name in CREDENTIALS_ENV:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
 @pytest.fixture
 def auth_client(mlflow_server: str, service_settings: Settings, launcher: ScriptedLauncher,
                 monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    for name in CREDENTIALS_ENV:  # the service sets them in its process; undone after the test
-        monkeypatch.delenv(name, raising=False)
+    _without_credentials_env(monkeypatch)
     launcher.create_runs = True  # opens each job's run as the service (its admin account)
     settings = service_settings.model_copy(update={
         "mlflow_tracking_uri": mlflow_server, "mlflow_ui_url": mlflow_server,
@@ -65,8 +72,7 @@ def _run_of(client: TestClient, headers: dict[str, str]) -> dict:
     return wait_status(client, headers, response.json()["id"], "RUNNING")
 
 
-def test_each_user_reads_only_their_own_runs(auth_client: TestClient,
-                                             mlflow_server: str) -> None:
+def test_each_user_reads_only_their_own_runs(auth_client: TestClient, mlflow_server: str) -> None:
     alice, bob = make_token(auth_client, "alice"), make_token(auth_client, "bob")
     alices, bobs = _run_of(auth_client, alice), _run_of(auth_client, bob)
     assert run_tags.flush(mlflow_server)  # the grants the scheduler queued as the jobs started
@@ -105,7 +111,9 @@ def test_credentials_say_mlflow_is_open_on_a_single_user_service(
     assert client.get("/v1/mlflow/credentials").status_code == 401
 
 
-def test_credentials_answer_503_while_mlflow_is_away(service_settings: Settings) -> None:
+def test_credentials_answer_503_while_mlflow_is_away(service_settings: Settings,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _without_credentials_env(monkeypatch)
     settings = service_settings.model_copy(update={
         "mlflow_tracking_uri": "http://127.0.0.1:9", "mlflow_admin_password": ADMIN[1]})
     settings = Settings.model_validate(settings.model_dump())
@@ -173,3 +181,14 @@ def test_csx_serve_runs_its_ui_with_authentication_once_there_are_two_users(
     env = started["env"]
     assert env["MLFLOW_AUTH_ADMIN_PASSWORD"] == two.admin_password
     assert "NO_PERMISSIONS" in Path(env["MLFLOW_AUTH_CONFIG_PATH"]).read_text()
+
+
+def test_job_workers_get_the_services_mlflow_account_through_their_runtime_env(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.runner import _worker_runtime_env
+
+    _without_credentials_env(monkeypatch)
+    assert not set(CREDENTIALS_ENV) & set(_worker_runtime_env()["env_vars"])  # MLflow open
+    MlflowAccess("http://mlflow:5000", *ADMIN).use_in_this_process()  # as the service's start
+    env = _worker_runtime_env()["env_vars"]
+    assert (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"]) == ADMIN

@@ -25,6 +25,15 @@ Then, per backend, on a fresh database, bench/recovery.py: a real training job w
 CsxWorker process SIGKILLed mid-run and later its API process (and Ray) SIGKILLed and restarted;
 the resumed job's final checkpoint must be bit-identical to an uninterrupted run's
 (`--no-recovery` skips it).
+
+Then the fault table (issue 32; `--no-faults` skips it): bench/service_faults.py's scenarios
+(load on every route, a database outage, a lost execution, a second server, SIGTERM, the MLflow
+UI killed) and bench/file_faults.py's (a full disk, damaged checkpoints, planted links, special
+files), one row each: fault -> state reached, time to recover, lost, stuck, double-run, 5xx
+other than 503.
+
+Bounded: after --budget-s (default an hour) the run stops where it is; each part stops what it
+started on the way out (its servers and their process groups), so nothing is left running.
 """
 
 from __future__ import annotations
@@ -250,6 +259,23 @@ def recover(backend: str) -> dict:
             return run_recovery(backend, url, Path(tmp))
 
 
+def fault_table() -> tuple[list[dict], bool]:
+    """bench/service_faults.py's and bench/file_faults.py's faults as one table, printed; and
+    whether every fault was handled."""
+    import file_faults  # bench/, this script's folder
+    import service_faults
+
+    service_rows = service_faults.run_faults()
+    file_rows, files_sound = file_faults.run_faults()
+    rows = service_rows + [file_faults.table_row(row) for row in file_rows]
+    service_faults.print_table(rows)
+    return rows, files_sound and all(service_faults.is_sound(row) for row in service_rows)
+
+
+def _out_of_budget(signum: int, frame: object) -> None:
+    raise TimeoutError("bench/reliability.py ran out of its --budget-s; stopping what it started")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="200 submissions, 20 clients")
@@ -257,10 +283,18 @@ def main() -> int:
                         choices=["sqlite", "postgres"])
     parser.add_argument("--no-recovery", action="store_true",
                         help="skip the worker/API kill of a real training job")
+    parser.add_argument("--no-faults", action="store_true",
+                        help="skip the fault table (bench/service_faults.py, bench/file_faults.py)")
+    parser.add_argument("--budget-s", type=int, default=3600,
+                        help="stop everything after this many seconds")
     args = parser.parse_args()
+    signal.signal(signal.SIGALRM, _out_of_budget)
+    signal.alarm(args.budget_s)
     total, clients = (200, 20) if args.quick else (1000, 50)
     runs = [run_backend(backend, total, clients) for backend in args.backends]
     recoveries = [] if args.no_recovery else [recover(backend) for backend in args.backends]
+    faults, faults_sound = ([], True) if args.no_faults else fault_table()
+    signal.alarm(0)
     sound = all(r["lost"] == 0 and r["duplicated"] == 0 and r["answers_5xx"] == 0
                 and r["accepted"] == total for r in runs)
     recovered = all(r["resumed"] and r["bit_identical"] for r in recoveries)
@@ -269,12 +303,16 @@ def main() -> int:
         "sound": sound, "recovered_bit_identical": recovered if recoveries else None,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "client": "httpx.AsyncClient in the same machine's cores", "runs": runs,
-        "recovery": recoveries}, indent=2) + "\n")
+        "recovery": recoveries, "faults_handled": faults_sound if faults else None,
+        "faults": faults}, indent=2) + "\n")
     print(f"0 lost, 0 duplicated, 0 x 5xx, all accepted: {'yes' if sound else 'NO'}")
     if recoveries:
         print(f"worker and API kills resumed, final checkpoints bit-identical: "
               f"{'yes' if recovered else 'NO'}")
-    return 0 if sound and recovered else 1
+    if faults:
+        print(f"every fault handled (0 lost, 0 stuck, 0 double-run, 0 x 5xx other than 503): "
+              f"{'yes' if faults_sound else 'NO'}")
+    return 0 if sound and recovered and faults_sound else 1
 
 
 if __name__ == "__main__":

@@ -89,6 +89,9 @@ def serve_command(args: argparse.Namespace) -> int:
     """`csx serve` runs the API in a child process and restarts it when it dies (losing the
     local Ray head ends a Ray driver's process a minute later); the restarted one takes the
     dead one's lease at once and resumes its jobs from their last checkpoints."""
+    from service.settings import Settings
+
+    Settings().check_clear_of_ray_workers(args.port)
     if os.environ.get(API_PROCESS_ENV) == "1":
         return _serve_api(args)
     return _supervise_api(args)
@@ -172,14 +175,17 @@ def _serve_api(args: argparse.Namespace) -> int:
         from service.supervised import MlflowUI
 
         store = Path(settings.mlflow_tracking_uri.removeprefix("sqlite:///"))
+        settings = with_ui_admin(settings, store)
         try:
-            ui = MlflowUI(store=store, url=settings.mlflow_ui_url,
+            ui = MlflowUI(store=store, url=settings.mlflow_ui_url, access=settings.mlflow_access,
                           log_path=settings.runs_dir / "mlflow-ui.log")
         except StackError as err:
             print(f"csx serve: {err}", file=sys.stderr)
             return 1
-        print(f"MLflow UI: {ui.url} (store {store}, artifacts {store.parent / MLFLOW_ARTIFACTS})",
-              flush=True)
+        sign_in = ("sign in with GET /v1/mlflow/credentials" if settings.mlflow_access
+                   else "open: one user")
+        print(f"MLflow UI: {ui.url} ({sign_in}; store {store}, artifacts "
+              f"{store.parent / MLFLOW_ARTIFACTS})", flush=True)
         settings = settings.model_copy(update={"mlflow_tracking_uri": ui.url,
                                                "mlflow_ui_url": ui.url})
     print(found_cluster(settings), flush=True)
@@ -192,6 +198,38 @@ def _serve_api(args: argparse.Namespace) -> int:
         if ui is not None:
             ui.close()
     return 0
+
+
+def with_ui_admin(settings: Any, store: Path) -> Any:
+    """`settings` with an MLflow admin password for the UI csx serve runs over `store` when its
+    database holds several users (one user's runs must not show to another): the one made for
+    this store before, else a new one. As they were with one user, or a password given."""
+    if settings.mlflow_admin_password is not None or _user_count(settings) <= 1:
+        return settings
+    from pydantic import SecretStr
+
+    from service.mlflow_auth import stored_admin_password
+
+    store.parent.mkdir(parents=True, exist_ok=True)
+    password = SecretStr(stored_admin_password(store.parent))
+    return settings.model_copy(update={"mlflow_admin_password": password})
+
+
+def _user_count(settings: Any) -> int:
+    """Users (tokens) in the service's database; 0 before its first migration."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    from service import crud
+    from service.db import make_engine, make_sessionmaker
+
+    engine = make_engine(settings.database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            return crud.user_count(session)
+    except (OperationalError, ProgrammingError):  # no tokens table yet
+        return 0
+    finally:
+        engine.dispose()
 
 
 def found_cluster(settings: Any) -> str:
@@ -221,9 +259,13 @@ def token_create_command(args: argparse.Namespace) -> int:
         with make_sessionmaker(engine)() as session:
             _, secret = crud.create_token(session, name=args.name, is_admin=args.admin)
             session.commit()
+            users = crud.user_count(session)
     finally:
         engine.dispose()
     print(secret)
+    if users == 2 and settings.mlflow_admin_password is None:
+        print("csx token: this is the second user: restart csx serve so that the MLflow UI it "
+              "runs asks each user to sign in (GET /v1/mlflow/credentials)", file=sys.stderr)
     return 0
 
 

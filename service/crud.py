@@ -178,3 +178,16 @@ def add_study(session: Session, *, owner: Caller, name: str, experiment: str,
     session.add(study)
     session.flush()
     return study
+
+
+def mlflow_experiment_ids(session: Session, *, owner: Caller) -> list[str]:
+    """The MLflow experiments holding the caller's jobs' and studies' runs."""
+    ids = session.scalars(select(Job.mlflow_experiment_id).where(
+        Job.owner_id == owner.id, Job.mlflow_experiment_id.is_not(None)).union(
+        select(Study.mlflow_experiment_id).where(
+            Study.owner_id == owner.id, Study.mlflow_experiment_id.is_not(None)))).all()
+    return sorted(ids)
+
+
+def user_count(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(Token)) or 0

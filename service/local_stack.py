@@ -61,6 +61,26 @@ def check_port_free(port: int, host: str = HOST) -> None:
                              "port or 0 for a free one") from None
 
 
+# Ports Ray's workers bind on the Ray heads and nodes the service starts (CSX_RAY_WORKER_PORTS;
+# Ray's own default, 10002-19999, holds ports a user may give the API or MLflow). Below Linux's
+# ephemeral range (32768-60999), where free_port() picks the stack's ports.
+RAY_WORKER_PORTS = (20000, 29999)
+
+
+def ray_worker_port_args(worker_ports: tuple[int, int]) -> list[str]:
+    return ["--min-worker-port", str(worker_ports[0]), "--max-worker-port", str(worker_ports[1])]
+
+
+def check_clear_of_ray_workers(worker_ports: tuple[int, int], ports: dict[str, int | None]) -> None:
+    """ValueError naming the setting whose port (`ports`: setting -> port) lies in the range
+    Ray's workers bind on: a worker taking it first would keep that server from starting."""
+    low, high = worker_ports
+    for setting, port in ports.items():
+        if port is not None and low <= port <= high:
+            raise ValueError(f"{setting} uses port {port}, inside the ports Ray's workers bind "
+                             f"on ({low}-{high}, CSX_RAY_WORKER_PORTS): move one of them")
+
+
 @dataclass
 class StackProcess:
     """One child of the stack, in its own process group, logging to a file."""
@@ -237,6 +257,7 @@ class LocalStack:
     ui_port: int = 0
     ray_port: int = 0
     cluster_size: int = 2
+    worker_ports: tuple[int, int] = RAY_WORKER_PORTS
     start_timeout_s: float = 120.0
     processes: list[StackProcess] = field(default_factory=list)
     token: str = ""
@@ -261,6 +282,8 @@ class LocalStack:
         self.stop()
 
     def start(self) -> None:
+        check_clear_of_ray_workers(self.worker_ports, {
+            "--api-port": self.api_port, "--ui-port": self.ui_port, "the Ray port": self.ray_port})
         for port in (self.api_port, self.ui_port, self.ray_port):
             if port:
                 check_port_free(port)
@@ -280,6 +303,7 @@ class LocalStack:
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
             "--port", str(self.ray_port), "--num-cpus", str(self.cluster_size),
             "--resources", json.dumps(machine_resources(self.cluster_size)),
+            *ray_worker_port_args(self.worker_ports),
             "--include-dashboard", "false", "--disable-usage-stats"], env)
         wait_until_up(f"{self.ui_url}/health", ui, self.start_timeout_s)
         wait_for_line(RAY_STARTED, ray, self.start_timeout_s)

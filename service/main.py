@@ -37,8 +37,11 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.check_clear_of_ray_workers()
         if settings.run_migrations_on_start:
             upgrade_database(settings.database_url)
+        if (mlflow_access := settings.mlflow_access) is not None:
+            mlflow_access.use_in_this_process()
         # The API's pool: one connection per request slot (service/api/deps.py says why). The
         # scheduler and its job threads have their own, so neither can starve the other.
         engine = make_engine(settings.database_url, pool_size=settings.db_pool_size,

@@ -33,17 +33,20 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from sqlalchemy import update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
-from service import crud, joblogs, lease
+from service import crud, joblogs, lease, run_tags
 from service.jobs import memory_problems
-from service.models import Job
+from service.mlflow_auth import experiment_name
+from service.models import Job, Study
 from service.settings import Settings
 from service.states import HOLDING, RESUMABLE, TERMINAL, JobStatus, move
 
@@ -80,6 +83,7 @@ class RayLauncher:
 
         self.cluster_size = settings.cluster_size
         self.runs_dir = settings.runs_dir
+        self.worker_ports = settings.ray_worker_ports
         self._head: Any = None
         self._lock = threading.Lock()
         # Capacity: the live cluster's csx resource (service/cluster.py); before the local head
@@ -113,7 +117,7 @@ class RayLauncher:
                 if self._head is None:
                     from service.supervised import RayHead
 
-                    self._head = RayHead(systems=systems,
+                    self._head = RayHead(systems=systems, worker_ports=self.worker_ports,
                                          log_path=self.runs_dir / "ray" / "head.log")
                 address = self._head.address
             connect_ray(systems=systems, address=address)
@@ -177,6 +181,7 @@ class Scheduler:
         self.launcher = launcher or RayLauncher(settings)
         self._executions: dict[int, Execution] = {}
         self._executions_lock = threading.Lock()
+        self._parent_runs_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -462,21 +467,50 @@ class Scheduler:
             run_name, run_tags = run_identity(job)  # MLflow run name and csx.* tags
             launch_args = {
                 "num_csx": job.num_csx, "mode": job.mode, "model_dir": str(model_dir),
-                "mlflow_run_id": job.mlflow_run_id, "experiment": job.experiment,
-                "parent_run_id": job.study.mlflow_run_id if job.study else None,
+                "mlflow_run_id": job.mlflow_run_id,
+                "experiment": experiment_name(self.settings.mlflow_access, job.owner.name,
+                                              job.experiment),
+                "parent_run_id": None,
                 "progress": lambda event: self._on_progress(execution, event),
                 "max_failures": job.max_failures,
                 "tracking_uri": self.settings.mlflow_tracking_uri,
                 "run_name": run_name, "tags": run_tags,
             }
+            study_id = job.study_id
             session.commit()
+        if study_id is not None:  # outside the transaction: MLflow may take minutes to answer
+            launch_args["parent_run_id"] = self._parent_run(study_id)
         return spec, launch_args
+
+    def _parent_run(self, study_id: int) -> str:
+        """The study's parent MLflow run, opened by its first job to start (not by the request
+        that submitted the study: that must not wait on MLflow), under a lock so the study's
+        other jobs find it; no database transaction stays open while MLflow answers."""
+        from service.studies import open_parent_run
+
+        with self._parent_runs_lock:
+            with self.sessions() as session:
+                study = session.get(Study, study_id)
+                assert study is not None  # a job's study is never deleted
+                if study.mlflow_run_id is not None:
+                    return study.mlflow_run_id
+                session.expunge(study)  # its loaded fields (owner included) stay readable
+            experiment_id, run_id = open_parent_run(self.settings, study)
+            with self.sessions() as session:
+                session.execute(update(Study).where(Study.id == study_id).values(
+                    mlflow_experiment_id=experiment_id, mlflow_run_id=run_id))
+                session.commit()
+            return run_id
 
     def _started(self, job_id: int, handle: Handle) -> None:
         def apply(session: Session, job: Job) -> None:
             if handle.run_id and job.mlflow_run_id != handle.run_id:
                 job.mlflow_run_id = handle.run_id
                 job.mlflow_experiment_id = _experiment_id(self.settings, handle.run_id)
+                if (access := self.settings.mlflow_access) is not None:
+                    grant = partial(access.grant_read, job.owner.name, [job.mlflow_experiment_id])
+                    run_tags.submit_write(access.tracking_uri, f"letting {job.owner.name} read "
+                                          f"experiment {job.mlflow_experiment_id}", grant)
             if job.status in (S.PROVISIONING, S.RECOVERING):
                 self._move(session, job, S.RUNNING, f"worker group of {job.num_csx} started")
 
@@ -489,6 +523,9 @@ class Scheduler:
     def _on_progress(self, execution: Execution, event: dict[str, Any]) -> None:
         event = json.loads(json.dumps(event, default=str))
         joblogs.append(execution.folder, json.dumps(event))
+
+        if event.get("event") == "checkpoint_skipped":  # workers.train.SKIPPED_CHECKPOINT
+            return  # a warning for the job's log (written above), not progress
 
         def apply(session: Session, job: Job) -> None:
             if event.get("event") == "recovering":

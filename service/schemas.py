@@ -330,3 +330,9 @@ class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     database: str = Field(description='"ok", or "unavailable: <the error>"')
     scheduler: Literal["running", "standby", "stalled", "stopped"]
+
+
+class MlflowCredentials(BaseModel):
+    username: str
+    password: str
+    url: str = Field(description="the MLflow UI: sign in there with these credentials")

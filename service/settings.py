@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.cluster import machine_summary
+from service.local_stack import RAY_WORKER_PORTS, check_clear_of_ray_workers
+from service.mlflow_auth import MlflowAccess
 from workers.hardware import ClusterSummary
+
+
+POSTGRES_PORT = 5432
 
 
 class Settings(BaseSettings):
@@ -29,6 +35,12 @@ class Settings(BaseSettings):
     runs_dir: Path = Path("./runs")
     mlflow_tracking_uri: str = "sqlite:///./mlflow.db"
     mlflow_ui_url: str = "http://127.0.0.1:5000"
+    # MLflow's authentication (service/mlflow_auth.py), on when the admin password is set: the
+    # tracking server runs `--app-name basic-auth` with this admin account (docker-compose
+    # requires the password; `csx serve` makes one for the UI it starts when the database holds
+    # several users' tokens). No password: MLflow is open, for a single-user stack only.
+    mlflow_admin_username: str = Field(default="csx-service", min_length=1, max_length=100)
+    mlflow_admin_password: SecretStr | None = Field(default=None, min_length=12)
     # Where train_input/eval_input data_dir may point besides "builtin:<name>" data sets.
     allowed_data_roots: list[Path] = [Path("./data")]
     # Accept and queue jobs but start none: for load tests and maintenance.
@@ -57,6 +69,30 @@ class Settings(BaseSettings):
     # One scheduler per database: the server holding the lease renews it every tick; a second
     # server refuses to start until it expires (or its holder on this host is gone).
     lease_ttl_s: float = Field(default=30.0, ge=1, le=3600, allow_inf_nan=False)
+
+    # Ports Ray's workers bind on the Ray head the service starts; the API's, MLflow's and the
+    # database's must lie outside (`check_clear_of_ray_workers`). JSON: [20000, 29999].
+    ray_worker_ports: tuple[int, int] = RAY_WORKER_PORTS
+
+    @field_validator("ray_worker_ports")
+    @classmethod
+    def _worker_port_range(cls, ports: tuple[int, int]) -> tuple[int, int]:
+        low, high = ports
+        if not 1024 <= low <= high <= 65535:
+            raise ValueError(f"must be [low, high] with 1024 <= low <= high <= 65535, not {ports}")
+        return ports
+
+    def check_clear_of_ray_workers(self, api_port: int | None = None) -> None:
+        """ValueError naming the setting (or `--port`) whose port Ray's workers could take."""
+        from sqlalchemy.engine import make_url
+
+        database = make_url(self.database_url)
+        ports = {"--port": api_port, "CSX_MLFLOW_UI_URL": urlsplit(self.mlflow_ui_url).port,
+                 "CSX_DATABASE_URL": ((database.port or POSTGRES_PORT)
+                                      if database.get_backend_name() == "postgresql" else None)}
+        if self.mlflow_tracking_uri.startswith("http"):
+            ports["CSX_MLFLOW_TRACKING_URI"] = urlsplit(self.mlflow_tracking_uri).port
+        check_clear_of_ray_workers(self.ray_worker_ports, ports)
 
     @field_validator("database_url")
     @classmethod
@@ -103,6 +139,13 @@ class Settings(BaseSettings):
         if self.memory_per_csx_gib is not None:
             return int(self.memory_per_csx_gib * 2**30)
         return int(self.cluster().memory_per_system_bytes)
+
+    @property
+    def mlflow_access(self) -> MlflowAccess | None:
+        if self.mlflow_admin_password is None:
+            return None
+        return MlflowAccess(self.mlflow_tracking_uri, self.mlflow_admin_username,
+                            self.mlflow_admin_password.get_secret_value())
 
     @property
     def is_sqlite(self) -> bool:

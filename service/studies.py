@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Sequence
 from urllib.parse import quote
 
 from service.full_size import full_size_report
+from service.mlflow_auth import experiment_name
 from service.models import Job, Study
 from service.schemas import (
     StudyCreate,
@@ -203,7 +204,8 @@ def open_parent_run(settings: Settings, study: Study) -> tuple[str, str]:
 
     from workers.tracking import create_run
 
-    run_id = create_run(study.experiment, tracking_uri=settings.mlflow_tracking_uri,
+    experiment = experiment_name(settings.mlflow_access, study.owner.name, study.experiment)
+    run_id = create_run(experiment, tracking_uri=settings.mlflow_tracking_uri,
                         run_name=study.name, tags={"csx.study_id": str(study.id),
                                                    "csx.role": "study"})
     client = MlflowClient(settings.mlflow_tracking_uri)

@@ -44,9 +44,11 @@ from service.local_stack import (
     check_port_free,
     free_port,
     mlflow_ui_argv,
+    ray_worker_port_args,
     wait_for_line,
     wait_until_up,
 )
+from service.mlflow_auth import CREDENTIALS_ENV, MlflowAccess, server_env
 from workers.hardware import machine_resources
 
 READY = "READY"
@@ -85,18 +87,23 @@ class SupervisedChild:
 
 class RayHead(SupervisedChild):
     """A local Ray head on a free port declaring `systems` simulated CS-2 systems (the `csx`
-    resource) over all of this machine's CPUs and GPUs; the service joins it at `address` as a
-    driver (`ray.init(address=...)`, which starts no processes of its own)."""
+    resource) over all of this machine's CPUs and GPUs, its workers binding `worker_ports`;
+    the service joins it at `address` as a driver (`ray.init(address=...)`, which starts no
+    processes of its own)."""
 
-    def __init__(self, *, systems: int, log_path: Path, start_timeout_s: float = 120.0) -> None:
+    def __init__(self, *, systems: int, log_path: Path, worker_ports: tuple[int, int],
+                 start_timeout_s: float = 120.0) -> None:
         port = free_port()
         self.address = f"{HOST}:{port}"
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-        env.pop("RAY_ADDRESS", None)
+        # Jobs' workers get MLflow's credentials through their runtime environment; no other
+        # Ray process needs them.
+        for name in ("RAY_ADDRESS", *CREDENTIALS_ENV):
+            env.pop(name, None)
         super().__init__("the local Ray head", [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
             "--port", str(port), "--resources", json.dumps(machine_resources(systems)),
-            "--include-dashboard", "false",
+            *ray_worker_port_args(worker_ports), "--include-dashboard", "false",
             "--disable-usage-stats"], log_path=log_path, env=env,
             ready_line=RAY_STARTED.pattern, start_timeout_s=start_timeout_s)
 
@@ -104,10 +111,12 @@ class RayHead(SupervisedChild):
 class MlflowUI(SupervisedChild):
     """`mlflow ui` over a SQLite store with its artifact proxy, at `url` (127.0.0.1 and a port):
     runs logged through it record `mlflow-artifacts:/` locations, relative to the
-    `mlartifacts/` folder beside the store, so the store survives a copy or a move."""
+    `mlartifacts/` folder beside the store, so the store survives a copy or a move. With
+    `access`, it runs MLflow's basic-auth app with that admin account, its users kept beside
+    the store (service/mlflow_auth.py)."""
 
     def __init__(self, *, store: Path, url: str, log_path: Path,
-                 start_timeout_s: float = 120.0) -> None:
+                 access: MlflowAccess | None = None, start_timeout_s: float = 120.0) -> None:
         address = urlsplit(url)
         if address.scheme != "http" or address.hostname not in (HOST, "localhost") \
                 or not address.port:
@@ -117,9 +126,12 @@ class MlflowUI(SupervisedChild):
         check_port_free(address.port)
         self.url = f"http://{HOST}:{address.port}"
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # DESIGN §6
+        argv = mlflow_ui_argv(store, store.parent / MLFLOW_ARTIFACTS, address.port)
+        if access is not None:
+            env |= server_env(access, store.parent)
+            argv += ["--app-name", "basic-auth"]
         # Restarted when it dies: every job logs through it, so a dead UI would stall them all.
-        super().__init__("the MLflow UI", mlflow_ui_argv(store, store.parent / MLFLOW_ARTIFACTS,
-                                                        address.port),
+        super().__init__("the MLflow UI", argv,
                          log_path=log_path, env=env, ready_url=f"{self.url}/health",
                          start_timeout_s=start_timeout_s, restart=True)
 

@@ -95,6 +95,10 @@ def connect_ray(systems: int, address: str | None = None) -> None:
                  resources=machine_resources(max(systems, machine_systems())), log_to_driver=False)
 
 
+# Where MLflow's client reads a tracking server's credentials.
+MLFLOW_CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
 def _worker_runtime_env() -> dict[str, Any]:
     """Environment of the job's workers, set before their torch loads.
 
@@ -107,6 +111,9 @@ def _worker_runtime_env() -> dict[str, Any]:
     from sparsity.plugins import ENV_VAR
 
     env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    # With MLflow's authentication on, the account the service logs with (service/mlflow_auth.py):
+    # handed to the job's workers only, the Ray nodes' own environment never holds it.
+    env |= {name: os.environ[name] for name in MLFLOW_CREDENTIALS if os.environ.get(name)}
     if os.environ.get(ENV_VAR):
         env[ENV_VAR] = os.environ[ENV_VAR]
     return {"env_vars": env}

@@ -49,6 +49,8 @@ from csx_config import JobSpec
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")
 AFTER_WARMUP = "eval/perplexity_after_warmup"
+# The progress event a resume sends for each damaged checkpoint it passed over.
+SKIPPED_CHECKPOINT = "checkpoint_skipped"
 AllReduce = Callable[[list[torch.Tensor]], None]
 
 
@@ -487,6 +489,9 @@ def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, 
             _record_eval(run, evaluate(run, all_reduce), summary, log)
     else:
         _start(run, folder)
+        if progress is not None:  # into the job's log too, not only this worker's stderr
+            for reason in run.skipped_checkpoints:
+                progress({"event": SKIPPED_CHECKPOINT, "reason": reason})
         _compile(run, world_size, rank, folder, all_reduce)
         _train_steps(run, world_size=world_size, rank=rank, model_dir=folder,
                      evaluate_periodically=mode == "train_and_eval", all_reduce=all_reduce,

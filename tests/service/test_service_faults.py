@@ -211,3 +211,61 @@ def test_cancel_answers_at_once_while_mlflow_is_away(
     assert not run_tags.flush("http://127.0.0.1:9", timeout_s=0.1)
     wait_status(client, alice, job_id, "CANCELLED")
     assert handle.cancelled.is_set()
+
+
+def _study_body() -> dict[str, Any]:
+    params = {k: v for k, v in job_body()["params"].items() if k != "sparsity"}
+    return {"name": "two", "params": params, "algorithms": ["dense", "static"], "sparsity": 0.8}
+
+
+def test_a_study_is_accepted_while_mlflow_is_away(service_settings: Settings,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Today's POST /v1/studies opened the study's parent MLflow run inside the request: with
+    MLflow away the submission hung in MLflow's client, then failed. The study's first job opens
+    it as it starts, with no database transaction open meanwhile: a job beside it starts."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")
+    with socket.socket() as silent:  # accepts connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        settings = service_settings.model_copy(update={
+            "mlflow_tracking_uri": f"http://127.0.0.1:{silent.getsockname()[1]}"})
+        with TestClient(create_app(settings, launcher=ScriptedLauncher())) as client:
+            alice = make_token(client, "alice")
+            response = client.post("/v1/studies", json=_study_body(), headers=alice)
+            assert response.status_code == 201, response.text
+            assert response.json()["mlflow_run_id"] is None  # opened once its first job starts
+            study_job = response.json()["jobs"][0]["id"]
+            wait_for(lambda: client.get(f"/v1/jobs/{study_job}", headers=alice).json()["status"]
+                     == "PROVISIONING", 60, "the study's first job to wait on MLflow")
+            wait_status(client, alice, _submit(client, alice), "RUNNING", timeout_s=60)
+            silent.close()  # MLflow's client gives up: the study's jobs fail, nothing hangs
+
+
+def test_a_studys_jobs_share_the_parent_run_their_first_start_opened(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher) -> None:
+    response = client.post("/v1/studies", json=_study_body(), headers=alice)
+    assert response.status_code == 201, response.text
+    study = response.json()
+    # Both jobs start at once (4 systems): one parent run between them, not one each.
+    handles = [launcher.handle_for(job["id"]) for job in study["jobs"]]
+    parent = client.get(f"/v1/studies/{study['id']}", headers=alice).json()["mlflow_run_id"]
+    assert parent and [h.kwargs["parent_run_id"] for h in handles] == [parent, parent]
+
+
+def test_a_skipped_damaged_checkpoint_is_in_the_jobs_log(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher) -> None:
+    """A resume passing over a damaged checkpoint warned only on the worker's stderr; the
+    worker now sends the warning as a progress event, which the service writes to the job's
+    log without taking it for progress."""
+    from workers.train import SKIPPED_CHECKPOINT
+
+    job_id = _submit(client, alice)
+    handle = launcher.handle_for(job_id)
+    wait_status(client, alice, job_id, "RUNNING")
+    progress = handle.kwargs["progress"]
+    progress({"step": 3, "max_steps": 10, "loss": 4.0, "tokens_per_s": 100.0})
+    reason = "checkpoint_8.mdl is truncated (12 of 4096 bytes); trying the checkpoint before it"
+    progress({"event": SKIPPED_CHECKPOINT, "reason": reason})
+    assert reason in client.get(f"/v1/jobs/{job_id}/logs", headers=alice).text
+    assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["progress"]["step"] == 3

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from service.local_stack import (
+    RAY_WORKER_PORTS,
     LocalStack,
     descendants,
     free_port,
@@ -166,10 +167,16 @@ def test_ray_head_stops_ray_when_its_watcher_is_killed(tmp_path, monkeypatch):
     whole family) orphaned `ray start --head --block`, which lives in a session of its own."""
     monkeypatch.setenv("CSX_TEST_STATE", str(tmp_path))
     monkeypatch.chdir(REPO_ROOT)
-    head = RayHead(systems=1, log_path=tmp_path / "ray" / "head.log", start_timeout_s=240)
+    head = RayHead(systems=1, log_path=tmp_path / "ray" / "head.log",
+                   worker_ports=RAY_WORKER_PORTS, start_timeout_s=240)
     try:
-        names = {process_name(pid) for pid in processes_with_env(str(tmp_path))}
-        assert {"gcs_server", "raylet"} <= names, names
+        names = {pid: process_name(pid) for pid in processes_with_env(str(tmp_path))}
+        assert {"gcs_server", "raylet"} <= set(names.values()), names
+        # Its workers bind the service's range, not Ray's default 10002-19999 (issue 32).
+        raylet = next(pid for pid, name in names.items() if name == "raylet")
+        argv = Path(f"/proc/{raylet}/cmdline").read_bytes().decode().split("\0")
+        low, high = RAY_WORKER_PORTS
+        assert {f"--min_worker_port={low}", f"--max_worker_port={high}"} <= set(argv), argv
         kill_and_expect_nothing_left(head.popen, str(tmp_path), 180,
                                      "every Ray process to exit after its watcher was killed")
     finally:

@@ -50,7 +50,7 @@ def test_study_runs_every_algorithm_and_reports(ray_session: None,
         assert response.status_code == 201, response.text
         study = response.json()
         assert [j["tags"]["csx.variant"] for j in study["jobs"]] == ALGORITHMS
-        assert study["mlflow_run_id"] and study["mlflow_url"].endswith(study["mlflow_run_id"])
+        assert study["mlflow_run_id"] is None  # opened by its first job's start, not the POST
 
         def finished() -> dict | None:
             current = client.get(f"/v1/studies/{study['id']}", headers=alice).json()
@@ -60,6 +60,8 @@ def test_study_runs_every_algorithm_and_reports(ray_session: None,
         done = wait_for(finished, 900, "every study job to end")
         assert [j["status"] for j in done["jobs"]] == ["SUCCEEDED"] * 5, \
             [(j["name"], j["status_message"]) for j in done["jobs"]]
+        study = done
+        assert study["mlflow_run_id"] and study["mlflow_url"].endswith(study["mlflow_run_id"])
 
         details = [client.get(f"/v1/jobs/{j['id']}", headers=alice).json() for j in done["jobs"]]
         sections = {d["tags"]["csx.variant"]: d["params"]["sparsity"] for d in details}

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from csx_config import JobSpec
 from workers import checkpoint as ckpt
-from workers.train import train
+from workers.train import SKIPPED_CHECKPOINT, train
 from workers_helpers import same_state
 
 torch.set_num_threads(1)
@@ -177,7 +177,12 @@ def test_a_resume_past_a_damaged_checkpoint_continues_bit_identically(tmp_path):
     shutil.copytree(reference_dir, resumed_dir)
     _damage(ckpt.checkpoint_path(resumed_dir, 6), "truncated")
     _damage(ckpt.checkpoint_path(resumed_dir, 4), "one flipped bit")
-    resumed = train(spec, model_dir=str(resumed_dir))
+    events: list[dict] = []
+    resumed = train(spec, model_dir=str(resumed_dir), progress=events.append)
+    # The warnings reach the job's log (through progress), not only the worker's stderr.
+    skipped = [e["reason"] for e in events if e.get("event") == SKIPPED_CHECKPOINT]
+    assert skipped == resumed["skipped_checkpoints"] and len(skipped) == 2
+    assert events.index(next(e for e in events if "step" in e)) == 2  # before training resumes
     assert resumed["train_losses"] == reference["train_losses"][2:]
     assert resumed["mask_hashes"] == reference["mask_hashes"]
     assert all(name in " ".join(resumed["skipped_checkpoints"])

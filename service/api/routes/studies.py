@@ -18,7 +18,7 @@ from service.api.deps import CurrentUser, OwnedStudy, SchedulerDep, SessionDep, 
 from service.full_size import full_size_request
 from service.jobs import SubmissionError, check_submission, job_fields, mlflow_url, to_public
 from service.schemas import StudyCreate, StudyPublic, StudyReport
-from service.studies import build_report, open_parent_run, study_jobs, study_status, variant_spec
+from service.studies import build_report, study_jobs, study_status, variant_spec
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -47,7 +47,8 @@ async def create_study(request: Request, session: SessionDep, user: CurrentUser,
     experiment = study_in.experiment or study_in.params.runconfig.mlflow_experiment
     study = crud.add_study(session, owner=user, name=study_in.name, experiment=experiment,
                            request=study_in.model_dump(mode="json") | full_size_request(body))
-    study.mlflow_experiment_id, study.mlflow_run_id = open_parent_run(settings, study)
+    # Its parent MLflow run is opened by the scheduler when its first job starts: a submission
+    # never waits on MLflow (service/run_tags.py).
     for name, seed, spec, files in specs:
         suffix = "" if seed is None else f"/seed{seed}"
         fields = job_fields(study_in, spec, settings, name=f"{study_in.name}/{name}{suffix}",

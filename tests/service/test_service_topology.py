@@ -1,11 +1,13 @@
 """docker-compose.yml's topology as plain processes on one host (there is no Docker engine here).
 
-PostgreSQL (one private server, a database for the service and one for MLflow), `mlflow server`
-on the `mlflow` database with a local artifact folder, `ray start --head`, and the API as the
+PostgreSQL (one private server, databases for the service, MLflow and MLflow's users), `mlflow
+server --app-name basic-auth` on the `mlflow` database with a local artifact folder and the
+compose file's auth config (nothing allowed by default; the service is its admin), `ray start --head`, and the API as the
 compose `api` service runs it: `pg_isready`, `alembic upgrade head`, then `uvicorn`. Every
 process gets the environment the compose file gives its service, with local addresses. A
 two-variant study (dense, rigl; num_csx 2: two Ray actors and a gloo all-reduce per job) goes
-in over HTTP; the test then reads the database rows and the MLflow runs over MLflow's REST API.
+in over HTTP; the test then reads the database rows and the MLflow runs over MLflow's REST API
+(as the admin; anonymous reads are refused).
 
 Everything listens on 127.0.0.1 only, which the test checks, except Ray: 2.60 rewrites a
 127.0.0.1 node address to the routable one and binds its gRPC servers to every interface.
@@ -15,7 +17,9 @@ gcs_server ignores SIGTERM); never `ray stop`, which kills every Ray process on 
 
 from __future__ import annotations
 
+import configparser
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -71,6 +75,8 @@ SUCCESS_PATH = [(None, "QUEUED"), ("QUEUED", "VALIDATING"), ("VALIDATING", "PROV
 SYSTEMS = 4  # the compose file's ray-worker replicas, one csx each: both variants fit at once
 START_TIMEOUT_S = 240  # deadlines for a busy machine; idle runs take a fraction
 STUDY_TIMEOUT_S = 900
+ADMIN = "csx-service"  # the compose file's default CSX_MLFLOW_ADMIN_USERNAME
+TOKEN_NAME = "topology"
 
 
 def compose_environment(service: str) -> dict[str, str]:
@@ -90,6 +96,8 @@ class Topology:
     artifacts_dir: Path = Path()
     ray_temp_dir: Path | None = None
     token: str = ""
+    admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    auth_config: Path = Path()
     processes: list[StackProcess] = field(default_factory=list)
 
     def api_environment(self) -> dict[str, str]:
@@ -103,6 +111,18 @@ class Topology:
             "RAY_AUTH_MODE": "disabled",
             "MLFLOW_TRACKING_URI": self.mlflow_url,
             "CSX_RUN_MIGRATIONS_ON_START": "false",
+            "CSX_MLFLOW_ADMIN_USERNAME": ADMIN,
+            "CSX_MLFLOW_ADMIN_PASSWORD": self.admin_password,
+        }
+
+    def mlflow_environment(self) -> dict[str, str]:
+        """docker-compose.yml's mlflow environment, with a local auth config."""
+        return {
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            "MLFLOW_AUTH_CONFIG_PATH": str(self.auth_config),
+            "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN,
+            "MLFLOW_AUTH_ADMIN_PASSWORD": self.admin_password,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
         }
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> StackProcess:
@@ -134,6 +154,14 @@ def start_topology(topology: Topology, postgres: PostgresServer) -> None:
     # Two databases on one server, as docker/postgres-init.sql does.
     topology.database_url = postgres.create_database("csx")
     mlflow_store = postgres.create_database("mlflow")
+    # docker/mlflow-auth.ini with the users' database on this server.
+    auth = configparser.ConfigParser()
+    auth.read(REPO_ROOT / "docker" / "mlflow-auth.ini")
+    auth["mlflow"]["database_uri"] = postgres.create_database("mlflow_auth").replace(
+        "postgresql://", "postgresql+psycopg://")
+    topology.auth_config = state / "mlflow-auth.ini"
+    with topology.auth_config.open("w") as out:
+        auth.write(out)
     mlflow_port, ray_port, api_port = free_port(), free_port(), free_port()
     topology.mlflow_url = f"http://{HOST}:{mlflow_port}"
     topology.ray_address = f"{HOST}:{ray_port}"
@@ -143,11 +171,12 @@ def start_topology(topology: Topology, postgres: PostgresServer) -> None:
 
     # mlflow: as the compose service, on the project's MLflow and its psycopg 3 driver.
     mlflow = topology.start("mlflow", [
-        sys.executable, "-m", "mlflow", "server", "--host", HOST, "--port", str(mlflow_port),
+        sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
+        "--host", HOST, "--port", str(mlflow_port),
         "--workers", "1", "--backend-store-uri",
         mlflow_store.replace("postgresql://", "postgresql+psycopg://"),
         "--artifacts-destination", str(topology.artifacts_dir), "--serve-artifacts"],
-        {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        topology.mlflow_environment())
     # ray-head: one node holds the CPUs compose spreads over ray-worker replicas. Free ports for
     # what would otherwise take fixed defaults, and a short private temp dir (socket paths are
     # limited; /tmp/ray may be someone else's). Ray 2.60 has no loopback-only mode.
@@ -176,7 +205,7 @@ def create_token(database_url: str) -> str:
     engine = make_engine(Settings(database_url=database_url).database_url)
     try:
         with make_sessionmaker(engine)() as session:
-            _, secret = crud.create_token(session, name="topology", is_admin=True)
+            _, secret = crud.create_token(session, name=TOKEN_NAME, is_admin=True)
             session.commit()
     finally:
         engine.dispose()
@@ -207,11 +236,13 @@ def wait_for_study(topology: Topology, http: httpx.Client, study_id: int) -> dic
                          f"{topology.process('api').log_tail()}")
 
 
-def mlflow_runs(mlflow_url: str) -> tuple[str, list[dict[str, Any]]]:
-    """(experiment id, runs) of EXPERIMENT through MLflow's REST API, with flattened
-    tags/params/metrics dicts."""
-    with httpx.Client(base_url=f"{mlflow_url}/api/2.0/mlflow", timeout=30) as mlflow:
-        found = mlflow.get("/experiments/get-by-name", params={"experiment_name": EXPERIMENT})
+def mlflow_runs(topology: Topology) -> tuple[str, list[dict[str, Any]]]:
+    """(experiment id, runs) of the study's experiment (per user: `<user>/EXPERIMENT`) through
+    MLflow's REST API as the admin, with flattened tags/params/metrics dicts."""
+    with httpx.Client(base_url=f"{topology.mlflow_url}/api/2.0/mlflow", timeout=30,
+                      auth=(ADMIN, topology.admin_password)) as mlflow:
+        found = mlflow.get("/experiments/get-by-name",
+                           params={"experiment_name": f"{TOKEN_NAME}/{EXPERIMENT}"})
         assert found.status_code == 200, found.text
         experiment_id = found.json()["experiment"]["experiment_id"]
         search = mlflow.post("/runs/search", json={"experiment_ids": [experiment_id],
@@ -238,9 +269,9 @@ def test_topology_environment_matches_compose(tmp_path: Path) -> None:
     assert set(topology.api_environment()) == set(compose_environment("api"))
     for service in ("ray-head", "ray-worker"):
         assert set(compose_environment(service)) <= set(topology.api_environment())
-    assert compose_environment("mlflow") == {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    assert set(compose_environment("mlflow")) == set(topology.mlflow_environment())
     mlflow_command = COMPOSE["services"]["mlflow"]["command"]
-    for option in ("--workers 1", "--backend-store-uri postgresql+psycopg://", "--artifacts-destination",
+    for option in ("--app-name basic-auth", "--workers 1", "--backend-store-uri postgresql+psycopg://", "--artifacts-destination",
                    "--serve-artifacts"):
         assert option in mlflow_command
     api = compose_environment("api")
@@ -298,12 +329,15 @@ def test_study_through_the_compose_topology(topology: Topology,
     # MLflow, through its REST API: the parent run and one nested run per variant.
     # csx.status tags are applied by the server's tagging thread, moments after the move.
     def tagged() -> tuple[str, list[dict]] | None:
-        found = mlflow_runs(topology.mlflow_url)
+        found = mlflow_runs(topology)
         variants = [run for run in found[1] if run["id"] != row.mlflow_run_id]
         return found if all(run["tags"].get("csx.status") == "SUCCEEDED"
                             for run in variants) else None
 
     experiment_id, runs = wait_for(tagged, 60, "csx.status tags on every run")
+    anonymous = httpx.get(f"{topology.mlflow_url}/api/2.0/mlflow/experiments/get",
+                          params={"experiment_id": experiment_id}, timeout=30)
+    assert anonymous.status_code == 401
     assert row.mlflow_experiment_id == experiment_id
     assert all(j.mlflow_experiment_id == experiment_id for j in jobs)
     by_id = {run["id"]: run for run in runs}

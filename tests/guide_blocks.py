@@ -48,6 +48,9 @@ LINE_KINDS: list[tuple[str, str, str]] = [
     (r"docker compose .*", "skip", "needs a Docker engine: tests/service/test_service_topology.py "
                                    "runs the same topology as processes, test_service_compose.py "
                                    "checks the file"),
+    (r"export CSX_MLFLOW_ADMIN_PASSWORD=.*", "skip",
+     "the compose stack's secrets: tests/service/test_service_topology.py runs its MLflow with "
+     "basic auth and a generated admin password"),
     (r"ray start .*|RAY_ADDRESS=\S+ .*csx serve .*", "skip",
      "a Ray cluster over several hosts: tests/service/test_service_topology.py starts the same "
      "head, API node and service on one host"),

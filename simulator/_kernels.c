@@ -225,13 +225,15 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
                                                                                                   \
     /* In-register transpose of a LANES x LANES tile held as LANES vectors: log2(LANES) stages  \
      * of two-source shuffles, each swapping the off-diagonal h x h blocks of every 2h x 2h     \
-     * block (about 1/4 shuffle per element against about 1 scalar move). */                     \
+     * block (about 1/4 shuffle per element against about 1 scalar move). Both loops unrolled: \
+     * rolled, GCC 12 kept the tile on the stack and built the masks at run time (a load and a  \
+     * store per shuffle); unrolled, pack measured 1.3-2x and spmm 1.05-1.2x faster at 1024^2. */ \
     static inline __attribute__((always_inline)) void transpose_##S(vec_##S *v) {                 \
-        for (int h = LANES_##S / 2; h >= 1; h /= 2) {                                             \
+        _Pragma("GCC unroll 8") for (int h = LANES_##S / 2; h >= 1; h /= 2) {                    \
             const ivec_##S k = IOTA_##S, upper = (k & h) != 0;                                    \
             const ivec_##S lo = k + (upper & (LANES_##S - h));                                    \
             const ivec_##S hi = k + (upper & LANES_##S) + (~upper & h);                           \
-            for (int i = 0; i < LANES_##S; i++) {                                                 \
+            _Pragma("GCC unroll 16") for (int i = 0; i < LANES_##S; i++) {                        \
                 if (i & h) continue;                                                              \
                 const vec_##S a = v[i], b = v[i + h];                                             \
                 v[i] = __builtin_shuffle(a, b, lo);                                               \

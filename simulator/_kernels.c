@@ -176,6 +176,8 @@ typedef struct {
     int by_blocks;          /* spmm: begin/end are token blocks (of every row), not rows */
     int thread;             /* this share's index, 0 .. threads - 1 */
     void *partial;          /* pack: per-thread column sums, [threads, features], or NULL */
+    const void *unpacked;   /* spmm: token-major X, packed into src block by block just before
+                               the block is used (pack fused in), or NULL: src comes packed */
 } work_t;
 
 /* Ranges [bounds[i], bounds[i+1]) of `units`: equal non-zeros per thread when indptr is given,
@@ -245,17 +247,12 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
     /* LANES token rows at a time (outer) across all features (inner): LANES rows are read    \
      * sequentially, which the hardware prefetchers follow. Features outer read one line from  \
      * each of the block's 64 rows per step (64 streams) and measured 1.25-1.35x slower. */    \
-    static void pack_worker_##S(const work_t *w) {                                                \
-        const T *x = (const T *)w->src;                                                           \
-        T *xb = (T *)w->out;                                                                      \
-        const int64_t n = w->features;                                                            \
-        T *sums = w->partial ? (T *)w->partial + w->thread * n : 0;                               \
-        if (sums)                                                                                 \
-            for (int64_t c = 0; c < n; c++) sums[c] = 0;                                          \
-        for (int64_t b = w->begin; b < w->end; b++) {                                             \
+    static void pack_blocks_##S(const T *x, int64_t tokens, int64_t n, int64_t begin,             \
+                                int64_t end, T *xb, T *sums) {                                    \
+        for (int64_t b = begin; b < end; b++) {                                                   \
             T *dst = xb + b * n * BLOCK;                                                          \
             const T *src = x + b * BLOCK * n;                                                     \
-            const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
+            const int64_t valid = tokens - b * BLOCK < BLOCK ? tokens - b * BLOCK : BLOCK;        \
             for (int64_t j0 = 0; j0 < BLOCK; j0 += LANES_##S) {                                   \
                 for (int64_t c0 = 0; c0 < n; c0 += LANES_##S) {                                   \
                     const int64_t c1 = c0 + LANES_##S < n ? c0 + LANES_##S : n;                   \
@@ -283,6 +280,26 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
         }                                                                                         \
     }                                                                                             \
                                                                                                   \
+    /* This thread's column sums (when asked for) in its row of `partial`, zeroed first. */       \
+    static T *thread_sums_##S(const work_t *w) {                                                  \
+        T *sums = w->partial ? (T *)w->partial + w->thread * w->features : 0;                     \
+        if (sums)                                                                                 \
+            for (int64_t c = 0; c < w->features; c++) sums[c] = 0;                                \
+        return sums;                                                                              \
+    }                                                                                             \
+                                                                                                  \
+    static void pack_worker_##S(const work_t *w) {                                                \
+        pack_blocks_##S((const T *)w->src, w->tokens, w->features, w->begin, w->end,              \
+                        (T *)w->out, thread_sums_##S(w));                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* sums = the threads' partial sums added in thread order (what pack returns). */             \
+    static void add_partials_##S(T *sums, const T *partial, int threads, int64_t features) {      \
+        for (int64_t c = 0; c < features; c++) sums[c] = 0;                                       \
+        for (int i = 0; i < threads; i++)                                                         \
+            for (int64_t c = 0; c < features; c++) sums[c] += partial[i * features + c];          \
+    }                                                                                             \
+                                                                                                  \
     /* Rows of one token block are computed LANES at a time into an L1-resident tile, which is  \
      * then transposed in registers and written token-major: each token gets LANES contiguous   \
      * outputs (a whole cache line), and no token-blocked copy of Y ever reaches memory.        \
@@ -301,7 +318,11 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
         const int64_t row_end = w->by_blocks ? w->rows : w->end;                                  \
         const int64_t block_begin = w->by_blocks ? w->begin : 0;                                  \
         const int64_t block_end = w->by_blocks ? w->end : w->blocks;                              \
+        T *sums = w->unpacked ? thread_sums_##S(w) : 0;                                           \
         for (int64_t b = block_begin; b < block_end; b++) {                                       \
+            if (w->unpacked) /* by_blocks: this thread packs the blocks it reads */               \
+                pack_blocks_##S((const T *)w->unpacked, w->tokens, n, b, b + 1, (T *)w->src,      \
+                                sums);                                                            \
             const T *xb = (const T *)w->src + b * n * BLOCK;                                      \
             const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
             for (int64_t r0 = row_begin; r0 < row_end; r0 += LANES_##S) {                        \
@@ -414,10 +435,7 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
         const work_t proto = {.src = x, .out = xb, .features = features, .blocks = blocks,        \
                               .tokens = tokens, .partial = sums ? partial : 0};                   \
         const int used = run_threads(pack_worker_##S, &proto, 0, blocks, threads);                \
-        if (!sums) return;                                                                        \
-        for (int64_t c = 0; c < features; c++) sums[c] = 0;                                       \
-        for (int i = 0; i < used; i++)                                                            \
-            for (int64_t c = 0; c < features; c++) sums[c] += partial[i * features + c];          \
+        if (sums) add_partials_##S(sums, partial, used, features);                                \
     }                                                                                             \
                                                                                                   \
     void csx_spmm_##S(const int32_t *indptr, const int32_t *cols, const T *vals, const T *bias,   \
@@ -437,6 +455,30 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
             run_threads(spmm_worker_##S, &proto, 0, blocks, threads);                             \
         else                                                                                      \
             run_threads(spmm_worker_##S, &proto, indptr, rows, threads);                          \
+    }                                                                                             \
+                                                                                                  \
+    /* csx_pack (of x into xb, with pack_threads) then csx_spmm (with threads) over xb, fused     \
+     * where spmm splits token blocks as pack does (the same thread count, dividing the blocks):  \
+     * each thread then packs a block right before it reads it, from L2 instead of memory (the    \
+     * packed blocks are written all the same: the weight gradient reads them), and the column    \
+     * sums are summed as pack sums them (same shares, same order), so both ways give the same    \
+     * bits. */                                                                                   \
+    void csx_pack_spmm_##S(const T *x, T *xb, T *sums, T *partial, int pack_threads,              \
+                           const int32_t *indptr, const int32_t *cols, const T *vals,             \
+                           const T *bias, int64_t rows, int64_t features, int64_t tokens, T *y,   \
+                           int threads) {                                                         \
+        const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
+        if (threads != pack_threads || (threads > 1 && blocks % threads != 0)) {                  \
+            csx_pack_##S(x, tokens, features, xb, sums, partial, pack_threads);                   \
+            csx_spmm_##S(indptr, cols, vals, bias, rows, features, xb, tokens, y, threads);       \
+            return;                                                                               \
+        }                                                                                         \
+        const work_t proto = {.indptr = indptr, .cols = cols, .vals = vals, .bias = bias,         \
+                              .src = xb, .out = y, .features = features, .blocks = blocks,        \
+                              .tokens = tokens, .rows = rows, .by_blocks = 1, .unpacked = x,      \
+                              .partial = sums ? partial : 0};                                     \
+        const int used = run_threads(spmm_worker_##S, &proto, 0, blocks, threads);                \
+        if (sums) add_partials_##S(sums, partial, used, features);                                \
     }                                                                                             \
                                                                                                   \
     void csx_sddmm_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,                 \

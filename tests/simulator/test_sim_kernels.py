@@ -96,6 +96,24 @@ def test_spmm_is_bitwise_the_same_for_every_thread_split(p):
 
 
 @settings(max_examples=40, deadline=None)
+@given(p=problems, column_sums=st.booleans())
+def test_pack_spmm_gives_the_bits_of_pack_then_spmm(p, column_sums):
+    """Fused (threads dividing the token blocks: each packs its blocks as it reaches them) or
+    not, one call gives what pack and spmm give one after the other, column sums included."""
+    mask, weight, x, _, bias = build(p)
+    s = CSRStructure.from_mask(mask)
+    vals = KERNELS.gather(weight, s.flat_index)
+    threads, tokens = p["threads"], p["tokens"]
+    y, packed, sums = KERNELS.pack_spmm(x, s.indptr, s.cols, vals, bias,
+                                        column_sums=column_sums, threads=threads)
+    expected_packed, expected_sums = KERNELS.pack(x, threads=threads, column_sums=True)
+    assert torch.equal(packed, expected_packed)
+    assert torch.equal(y, KERNELS.spmm(s.indptr, s.cols, vals, bias, s.shape[1],
+                                       expected_packed, tokens, threads=threads))
+    assert torch.equal(sums, expected_sums) if column_sums else sums is None
+
+
+@settings(max_examples=40, deadline=None)
 @given(problems)
 def test_csr_linear_matches_masked_dense_autograd(p):
     mask, weight, x, grad_y, bias = build(p)

@@ -113,6 +113,29 @@ def test_pack_spmm_gives_the_bits_of_pack_then_spmm(p, column_sums):
     assert torch.equal(sums, expected_sums) if column_sums else sums is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_spmm_output_large_enough_to_stream_has_the_bits_of_small_calls(dtype, threads):
+    """An output of 256 KiB or more is written with streaming stores (where aligned: 2 threads
+    split the 18 token blocks, 4 split rows at any row); it holds the same bits as the same
+    products computed one 64-token block per call (plain stores), and the dense product."""
+    tokens, out_features, in_features = 1100, 64, 40  # Y: 275 KiB in float32
+    mask = random_mask(out_features, in_features, 0.3, 3, 3, seed=7)
+    generator = torch.Generator().manual_seed(8)
+    weight = torch.randn(mask.shape, generator=generator, dtype=dtype) * mask
+    x = torch.randn(tokens, in_features, generator=generator, dtype=dtype)
+    bias = torch.randn(out_features, generator=generator, dtype=dtype)
+    s = CSRStructure.from_mask(mask)
+    vals = KERNELS.gather(weight, s.flat_index)
+    y, _, _ = KERNELS.pack_spmm(x, s.indptr, s.cols, vals, bias, threads=threads)
+    block = KERNELS.block_tokens
+    by_block = torch.cat([KERNELS.pack_spmm(x[start:start + block], s.indptr, s.cols, vals,
+                                            bias)[0].clone()
+                          for start in range(0, tokens, block)])
+    assert torch.equal(y, by_block)
+    torch.testing.assert_close(y, x @ weight.t() + bias, **tolerance(dtype))
+
+
 @settings(max_examples=40, deadline=None)
 @given(problems)
 def test_csr_linear_matches_masked_dense_autograd(p):

@@ -238,6 +238,7 @@ def main() -> None:
     parser.add_argument("--shapes", default=None, help="comma-separated, e.g. 1024x1024")
     parser.add_argument("--tokens", default=None, help="comma-separated, e.g. 512,2048")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()  # a shared machine: the runs' neighbours, recorded
     before = load_before(args.before) if args.before else None
     tokens_list = [512] if args.quick else TOKENS
     sparsities = [0.5, 0.9, 0.97, 0.99] if args.quick else SPARSITIES
@@ -320,6 +321,7 @@ def main() -> None:
         "machine": {"processor": platform.processor() or platform.machine(),
                     "torch": torch.__version__, "native_kernels": kernels is not None,
                     "kernel_arch": os.environ.get(ARCH_ENV, NATIVE_ARCH)},
+        "load_average_1_5_15min": {"start": load_at_start, "end": os.getloadavg()},
         "quick": args.quick, "before_commit": args.before, "clock": (
             "thread CPU time with 1 thread, wall time with more"),
         **headline(flat, groups), "rows": flat, "crossover": groups},

@@ -14,7 +14,11 @@
  *           and reading them from the dense W instead (no gather per call) was measured up to
  *           2x slower, a cache line of W per non-zero and block. Rows of a block are computed
  *           one vector's width (LANES) at a time into an L1 tile, transposed in registers and
- *           written token-major (a whole cache line per token): no token-blocked Y in memory.
+ *           written token-major (a whole cache line per token, streamed past the cache when Y
+ *           is large): no token-blocked Y in memory.
+ *   pack_spmm: pack then spmm in one call; where both split the token blocks alike, each
+ *           thread packs a block right before it multiplies it (the forward packs X, the input
+ *           gradient dY; both packed copies stay for sddmm).
  *   sddmm:  vals[k] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j] for each non-zero k (of row r,
  *           column cols[k]): the weight gradient as values in CSR order. Given a dense output
  *           too, also G[r, cols[k]] = vals[k] and 0 elsewhere in row r, written row by row by the

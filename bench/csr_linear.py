@@ -10,6 +10,7 @@ Compared side by side in one run, per weight shape, token count, sparsity and th
   scipy          scipy.sparse CSR products (+ a chunked sampled dW), when scipy is installed
   csr_before     with --before COMMIT: that commit's simulator (its csr_linear and kernels,
                  loaded from git as a separate package) in the same run, for a before/after
+  csr_values_before  the same over the values, where that commit has them
 Targets (issue 35): min over shapes, token counts and thread counts, csr >= 4.5x masked dense at
 90% sparsity and >= 10x at 97% (stretch 6x / 14x; the FLOP limit is 10x and 33x). Per shape,
 token count and thread count, each CSR variant's times from 90% sparsity up are fitted as
@@ -58,7 +59,7 @@ TOKENS = [512, 2048]
 SPARSITIES = [0.5, 0.8, 0.9, 0.95, 0.97, 0.99]
 TARGETS = {0.9: 4.5, 0.97: 10.0}
 FIT_FROM = 0.9  # the fit's sparsities: where the targets are, and time is linear in density
-CSR_VARIANTS = ("csr", "csr_values", "csr_before")
+CSR_VARIANTS = ("csr", "csr_values", "csr_before", "csr_values_before")
 # torch sparse and scipy take seconds per call at low sparsity; they are timed from here up
 # so that the default run stays within about three minutes.
 SLOW_BASELINES_FROM = 0.9
@@ -145,6 +146,15 @@ def bench_case(out_f, in_f, tokens, sparsity, reps, with_scipy, before=None):
             x.grad = weight.grad = None
             before.csr_linear(x, weight, None, old_structure, backend="auto").backward(upstream)
         fns["csr_before"] = before_step
+        if hasattr(before, "padded_length"):  # the commit takes weights as values
+            old_values = before.weight_values(before.load_kernels(), old_structure,
+                                              weight.detach()).requires_grad_(True)
+
+            def before_values_step():
+                x.grad = old_values.grad = None
+                before.csr_linear(x, old_values, None, old_structure,
+                                  backend="auto").backward(upstream)
+            fns["csr_values_before"] = before_values_step
     if sparsity >= SLOW_BASELINES_FROM:
         fns["torch_sparse"] = lambda: csr_step(x, weight, structure, upstream, "torch")
     if with_scipy and sparsity >= SLOW_BASELINES_FROM:
@@ -228,6 +238,7 @@ def main() -> None:
     parser.add_argument("--shapes", default=None, help="comma-separated, e.g. 1024x1024")
     parser.add_argument("--tokens", default=None, help="comma-separated, e.g. 512,2048")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()  # a shared machine: the runs' neighbours, recorded
     before = load_before(args.before) if args.before else None
     tokens_list = [512] if args.quick else TOKENS
     sparsities = [0.5, 0.9, 0.97, 0.99] if args.quick else SPARSITIES
@@ -258,7 +269,8 @@ def main() -> None:
                            **{f"{k}_ms": v for k, v in times.items()},
                            "csr_rebuild_ms": build_ms,
                            "csr_speedup": dense_ms / times["csr"]}
-                    for baseline in ("torch_sparse", "scipy", "csr_values", "csr_before"):
+                    for baseline in ("torch_sparse", "scipy", "csr_values", "csr_before",
+                                     "csr_values_before"):
                         if baseline in times:
                             row[f"{baseline}_speedup"] = dense_ms / times[baseline]
                     target = TARGETS.get(sparsity)
@@ -272,7 +284,7 @@ def main() -> None:
                           + "".join(f" | {b.replace('_', ' ')} {times[b]:7.1f} ms "
                                     f"({row[b + '_speedup']:4.2f}x)"
                                     for b in ("torch_sparse", "scipy", "csr_values",
-                                              "csr_before")
+                                              "csr_before", "csr_values_before")
                                     if b in times)
                           + ("" if target is None else
                              f"  target {target:g}x: {'ok' if row['meets_target'] else 'MISS'}"),
@@ -309,6 +321,7 @@ def main() -> None:
         "machine": {"processor": platform.processor() or platform.machine(),
                     "torch": torch.__version__, "native_kernels": kernels is not None,
                     "kernel_arch": os.environ.get(ARCH_ENV, NATIVE_ARCH)},
+        "load_average_1_5_15min": {"start": load_at_start, "end": os.getloadavg()},
         "quick": args.quick, "before_commit": args.before, "clock": (
             "thread CPU time with 1 thread, wall time with more"),
         **headline(flat, groups), "rows": flat, "crossover": groups},

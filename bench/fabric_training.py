@@ -34,6 +34,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -221,6 +222,7 @@ def main() -> None:
     parser.add_argument("--before", default=None,
                         help="git commit whose simulator trains side by side (a before/after)")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()  # a shared machine: the runs' neighbours, recorded
     before_compile = None
     if args.before:
         load_before(args.before)
@@ -241,6 +243,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "steps": steps, "threads": torch.get_num_threads(), "before_commit": args.before,
+        "load_average_1_5_15min": {"start": load_at_start, "end": os.getloadavg()},
         "clock": "thread CPU time" if torch.get_num_threads() == 1 else "wall",
         "batch": BATCH, "seq_len": SEQ_LEN, "sparsity": SPARSITY, "update_freq": UPDATE_FREQ,
         **{f"{name}_tokens_per_s_ratio": ratio for name, ratio in ratios.items()},

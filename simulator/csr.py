@@ -173,11 +173,12 @@ class CSRLinearFunction(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         if ctx.backend == "native" and (need_x or sampled_w):
             # the bias gradient is dY's column sums, taken while packing dY (one pass less)
-            packed = ctx.kernels.pack(grad_y, column_sums=need_b)
-            packed_grad, grad_b = packed if need_b else (packed, None)
             if need_x:
-                grad_x = native_input_grad(ctx.kernels, structure, vals, packed_grad,
-                                           grad_y.shape[0])
+                grad_x, packed_grad, grad_b = native_input_grad(ctx.kernels, structure, vals,
+                                                                grad_y, column_sums=need_b)
+            else:
+                packed = ctx.kernels.pack(grad_y, column_sums=need_b)
+                packed_grad, grad_b = packed if need_b else (packed, None)
             if sampled_w:
                 grad_w = native_weight_grad(ctx.kernels, structure, packed_grad, packed_x,
                                             dense=not ctx.values_given,
@@ -226,19 +227,19 @@ def native_forward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.
                    bias: torch.Tensor | None, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Y = X (W ⊙ mask)ᵀ + b by the C kernels, for the non-zero values `vals` of W in CSR
     order; also returns X packed (the weight gradient reuses it)."""
-    packed_x = kernels.pack(x.contiguous())
-    y = kernels.spmm(structure.indptr, structure.cols, vals,
-                     None if bias is None else bias.contiguous(), structure.shape[1], packed_x,
-                     x.shape[0])
+    y, packed_x, _ = kernels.pack_spmm(x.contiguous(), structure.indptr, structure.cols, vals,
+                                       None if bias is None else bias.contiguous())
     return y, packed_x
 
 
 def native_input_grad(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
-                      packed_grad: torch.Tensor, tokens: int) -> torch.Tensor:
-    """dX = dY (W ⊙ mask), by the CSR of Wᵀ over dY packed by ``kernels.pack``."""
+                      grad_y: torch.Tensor, column_sums: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """dX = dY (W ⊙ mask), by the CSR of Wᵀ over dY packed on the way: (dX, dY packed (the
+    weight gradient reuses it), with column_sums=True dY's column sums (the bias gradient))."""
     vals_t = kernels.gather(vals, structure.transpose_order)
-    return kernels.spmm(structure.indptr_t, structure.cols_t, vals_t, None, structure.shape[0],
-                        packed_grad, tokens)
+    return kernels.pack_spmm(grad_y, structure.indptr_t, structure.cols_t, vals_t, None,
+                             column_sums=column_sums)
 
 
 def native_weight_grad(kernels: KernelLibrary, structure: CSRStructure,
@@ -295,8 +296,7 @@ def native_kernel_calls(kernels: KernelLibrary, structure: CSRStructure, weight:
     return {
         "forward": lambda: native_forward(
             kernels, structure, weight_values(kernels, structure, weight), None, x),
-        "input_grad": lambda: native_input_grad(
-            kernels, structure, vals, kernels.pack(grad_y), grad_y.shape[0]),
+        "input_grad": lambda: native_input_grad(kernels, structure, vals, grad_y),
         "weight_grad": lambda: native_weight_grad(kernels, structure, packed_grad, packed_x,
                                                   dense=True),
     }

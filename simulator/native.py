@@ -135,6 +135,8 @@ class KernelLibrary:
             getattr(self._lib, f"csx_gather_{suffix}").argtypes = [ptr, ptr, i64, ptr]
             getattr(self._lib, f"csx_spmm_{suffix}").argtypes = [
                 ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32]
+            getattr(self._lib, f"csx_pack_spmm_{suffix}").argtypes = [
+                ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, i32]
             getattr(self._lib, f"csx_sddmm_{suffix}").argtypes = [
                 ptr, ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i32]
 
@@ -188,6 +190,32 @@ class KernelLibrary:
             packed_x.data_ptr(), tokens, out.data_ptr(),
             threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
         return out
+
+    def pack_spmm(self, x: torch.Tensor, indptr: torch.Tensor, cols: torch.Tensor,
+                  vals: torch.Tensor, bias: torch.Tensor | None, column_sums: bool = False,
+                  threads: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """:meth:`pack` then :meth:`spmm` over the packed x, in one call: (Y, x packed, x's
+        column sums or None). Where both split the token blocks alike, each block is packed
+        right before it is used (read from L2, not memory); the results are the same bits as
+        the two calls'. `threads` overrides both calls' counts (tests)."""
+        tokens, features = x.shape
+        blocks = -(-tokens // self.block_tokens)
+        rows = indptr.numel() - 1
+        packed = self.pool.take((blocks, features, self.block_tokens), x.dtype)
+        y = self.pool.take((tokens, rows), x.dtype)
+        pack_threads = threads or self.threads_for(x.numel())
+        spmm_threads = threads or self.threads_for(cols.numel() * blocks * self.block_tokens)
+        sums = partial = None
+        if column_sums:
+            sums = self.pool.take((features,), x.dtype)
+            partial = self.pool.take((pack_threads, features), x.dtype)
+        self._fn("pack_spmm", x.dtype)(
+            x.data_ptr(), packed.data_ptr(), None if sums is None else sums.data_ptr(),
+            None if partial is None else partial.data_ptr(), pack_threads, indptr.data_ptr(),
+            cols.data_ptr(), vals.data_ptr(), None if bias is None else bias.data_ptr(), rows,
+            features, tokens, y.data_ptr(), spmm_threads)
+        return y, packed, sums
 
     def csr_from_mask(self, mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """CSR arrays of a contiguous 2-D bool CPU mask and of its transpose (the fields of

@@ -39,6 +39,13 @@ def tolerance(dtype):
     return dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
 
 
+def _cpu_has_avx2() -> bool:
+    try:
+        return " avx2 " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
+    except OSError:
+        return False
+
+
 problems = st.fixed_dictionaries({
     "out_features": SIZES, "in_features": SIZES, "tokens": TOKENS, "density": DENSITIES,
     "empty_rows": st.integers(0, 5), "empty_cols": st.integers(0, 5),
@@ -96,6 +103,52 @@ def test_spmm_is_bitwise_the_same_for_every_thread_split(p):
 
 
 @settings(max_examples=40, deadline=None)
+@given(p=problems, column_sums=st.booleans())
+def test_pack_spmm_gives_the_bits_of_pack_then_spmm(p, column_sums):
+    """Fused (threads dividing the token blocks: each packs its blocks as it reaches them) or
+    not, one call gives what pack and spmm give one after the other, column sums included."""
+    mask, weight, x, _, bias = build(p)
+    s = CSRStructure.from_mask(mask)
+    vals = KERNELS.gather(weight, s.flat_index)
+    threads, tokens = p["threads"], p["tokens"]
+    y, packed, sums = KERNELS.pack_spmm(x, s.indptr, s.cols, vals, bias,
+                                        column_sums=column_sums, threads=threads)
+    expected_packed, expected_sums = KERNELS.pack(x, threads=threads, column_sums=True)
+    assert torch.equal(packed, expected_packed)
+    assert torch.equal(y, KERNELS.spmm(s.indptr, s.cols, vals, bias, s.shape[1],
+                                       expected_packed, tokens, threads=threads))
+    assert torch.equal(sums, expected_sums) if column_sums else sums is None
+
+
+@pytest.mark.parametrize("arch", [None, "-mavx2 -mfma", ""])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_spmm_output_large_enough_to_stream_has_the_bits_of_small_calls(arch, dtype, threads):
+    """An output of 256 KiB or more is written with streaming stores (where aligned: 2 threads
+    split the 18 token blocks, 4 split rows at any row; AVX-512, AVX2, or plain stores on the
+    baseline build); it holds the same bits as the same products computed one 64-token block
+    per call (plain stores), and the dense product."""
+    if arch == "-mavx2 -mfma" and not _cpu_has_avx2():
+        pytest.skip("needs an x86 CPU with AVX2")
+    kernels = KERNELS if arch is None else build_kernels(arch)
+    tokens, out_features, in_features = 1100, 64, 40  # Y: 275 KiB in float32
+    mask = random_mask(out_features, in_features, 0.3, 3, 3, seed=7)
+    generator = torch.Generator().manual_seed(8)
+    weight = torch.randn(mask.shape, generator=generator, dtype=dtype) * mask
+    x = torch.randn(tokens, in_features, generator=generator, dtype=dtype)
+    bias = torch.randn(out_features, generator=generator, dtype=dtype)
+    s = CSRStructure.from_mask(mask)
+    vals = kernels.gather(weight, s.flat_index)
+    y, _, _ = kernels.pack_spmm(x, s.indptr, s.cols, vals, bias, threads=threads)
+    block = kernels.block_tokens
+    by_block = torch.cat([kernels.pack_spmm(x[start:start + block], s.indptr, s.cols, vals,
+                                            bias)[0].clone()
+                          for start in range(0, tokens, block)])
+    assert torch.equal(y, by_block)
+    torch.testing.assert_close(y, x @ weight.t() + bias, **tolerance(dtype))
+
+
+@settings(max_examples=40, deadline=None)
 @given(problems)
 def test_csr_linear_matches_masked_dense_autograd(p):
     mask, weight, x, grad_y, bias = build(p)
@@ -116,13 +169,6 @@ def test_csr_linear_matches_masked_dense_autograd(p):
     torch.testing.assert_close(leaves[0].grad, ref[0].grad, **tol)
     torch.testing.assert_close(leaves[1].grad, ref[1].grad, **tol)  # masked: 0 off the mask
     torch.testing.assert_close(leaves[2].grad, ref[2].grad, **tol)
-
-
-def _cpu_has_avx2() -> bool:
-    try:
-        return " avx2 " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(not _cpu_has_avx2(), reason="needs an x86 CPU with AVX2")

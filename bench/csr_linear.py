@@ -11,8 +11,8 @@ Compared side by side in one run, per weight shape, token count, sparsity and th
   csr_before     with --before COMMIT: that commit's simulator (its csr_linear and kernels,
                  loaded from git as a separate package) in the same run, for a before/after
   csr_values_before  the same over the values, where that commit has them
-Targets (issue 35): min over shapes, token counts and thread counts, csr >= 4.5x masked dense at
-90% sparsity and >= 10x at 97% (stretch 6x / 14x; the FLOP limit is 10x and 33x). Per shape,
+Targets (issue 35): min over shapes, token counts and thread counts, csr values (the form the
+fabric's layers train with) >= 4.5x masked dense at 90% sparsity and >= 10x at 97% (stretch 6x / 14x; the FLOP limit is 10x and 33x). Per shape,
 token count and thread count, each CSR variant's times from 90% sparsity up are fitted as
 time = a + b · density: `a`, the fixed cost that does not shrink with sparsity (printed as a
 share of the masked dense step; the issue asks for <= 4%), and the marginal rate 6 · tokens ·
@@ -276,7 +276,7 @@ def main() -> None:
                     target = TARGETS.get(sparsity)
                     if target is not None:
                         row["target"] = target
-                        row["meets_target"] = row["csr_speedup"] >= target
+                        row["meets_target"] = row["csr_values_speedup"] >= target
                     group.append(row)
                     print(f"t={threads} W={out_f}x{in_f} T={tokens:5d} s={sparsity:.2f} "
                           f"dense {dense_ms:7.1f} ms | csr {times['csr']:7.2f} ms "
@@ -287,7 +287,7 @@ def main() -> None:
                                               "csr_before", "csr_values_before")
                                     if b in times)
                           + ("" if target is None else
-                             f"  target {target:g}x: {'ok' if row['meets_target'] else 'MISS'}"),
+                             f"  target {target:g}x (csr values): {'ok' if row['meets_target'] else 'MISS'}"),
                           flush=True)
                 measured = crossover(group)
                 predicted = 1.0 - calibration.crossover_density(out_f, in_f, tokens)
@@ -315,7 +315,7 @@ def main() -> None:
           f"/{sum('target' in r for r in flat)}; misses: "
           + ("none" if not misses else "; ".join(
               f"W={r['shape']} T={r['tokens']} s={r['sparsity']} t={r['threads']} "
-              f"{r['csr_speedup']:.2f}x < {r['target']}x" for r in misses)))
+              f"csr values {r['csr_values_speedup']:.2f}x < {r['target']}x" for r in misses)))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "machine": {"processor": platform.processor() or platform.machine(),

@@ -107,7 +107,7 @@ def same_data(a, b) -> bool:
 
 @settings(max_examples=8, deadline=None)
 @given(algorithm=st.sampled_from(sorted(ALGORITHMS)), width=st.integers(8, 72),
-       tokens=st.integers(1, 96), threads=st.integers(1, 2), steps=st.integers(4, 8),
+       tokens=st.integers(1, 96), threads=st.integers(1, 4), steps=st.integers(4, 8),
        seed=st.integers(0, 2**16))
 def test_values_training_equals_dense_weight_and_masked_dense_training(
         algorithm, width, tokens, threads, steps, seed):

@@ -56,7 +56,9 @@ def knob(run: dict[str, Any]) -> tuple[str, str, Any, Any]:
     default = _leaves(default_section(algorithm, run["level"], run["max_steps"]))
     changed = {k: v for k, v in _leaves(override).items() if default.get(k) != v}
     if len(changed) != 1:
-        raise ValueError(f"options {run['options']!r}: a sweep run changes one key, not {changed}")
+        # the file's defaults moved since the sweep ran: the sweep reruns around the new ones
+        raise ValueError(f"options {run['options']!r}: a sweep run changes one key of the "
+                         f"file's current section, not {sorted(changed)}")
     [(key, value)] = changed.items()
     return algorithm, key, value, default.get(key)
 
@@ -76,19 +78,22 @@ def defaults_section(sweep: dict[str, Any], study: dict[str, Any]) -> list[str]:
     for run in sweep["runs"]:
         algorithm, key, value, default = knob(run)
         rows[algorithm, key, run["level"], default].setdefault(value, {})[run["seed"]] = (
-            _losses([run], algorithm, run["level"], run["width"])[run["seed"]])
+            math.log(run["final_ppl"]))  # the study's measure, nanoGPT's loss
     lines = [
         TITLE, "",
         "Each default of the sparse variants' sections (`examples/study_baby_gpt.yaml`) against "
         "the values either side of it, one key changed at a time, everything else as the "
         "study above. A swept value's gap is its final validation loss minus the default's, "
         "seed by seed (same data order), averaged over the seeds it ran; the noise is the seed "
-        "sd of the default's own runs in the study (the larger of the two sds where the swept "
-        "value ran more than one seed). A value replaces the default only when it is better by "
+        "sd of the default's own runs in the study, or the sd of the swept value's runs or of "
+        "their paired gaps where larger. A value beats the default only when it is better by "
         "more than that noise.", "",
-        f"Raw numbers in `research/results/study_results_baby_gpt_defaults.json`; last run: "
-        f"`{sweep['command']}` ({sweep['total_wall_s'] / 60:.1f} min of wall time, beside other "
-        "work).", "",
+        "One point of the sweep: `python research/study_results.py --protocol baby --seeds 0 "
+        "--levels 0.9 --options '{\"rigl\": {\"balance_out_groups\": 32}}'` (repeat "
+        "`--options` for more). Raw numbers, and the commands that made them, in "
+        "`research/results/study_results_baby_gpt_defaults.json`: "
+        f"{len(sweep['runs'])} runs, {sweep['total_wall_s'] / 60:.0f} min of wall time on 2 "
+        "cores shared with other work.", "",
         "| variant, level | knob | value | final val loss | ppl | seeds | gap to default | "
         "noise (sd) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     decisions = []
@@ -119,12 +124,13 @@ def defaults_section(sweep: dict[str, Any], study: dict[str, Any]) -> list[str]:
                          f"{'—' if noise is None else f'{noise:.3f}'} | {judged} |")
         if better:
             gap, value, noise = min(better)
-            decisions.append(f"- {name} ({where}): **changed** to {_shown(value)}: better by "
+            decisions.append(f"- {name} ({where}): **change** to {_shown(value)}: better by "
                              f"{-gap:.3f} beyond noise ({noise:.3f}).")
         else:
-            decisions.append(f"- {name} ({where}): **kept** at {_shown(default)}: no value is "
+            decisions.append(f"- {name} ({where}): **keep** {_shown(default)}: no value is "
                              "better beyond noise.")
-    return [*lines, "", "Decisions (examples/study_baby_gpt.yaml cites this table):", "",
+    return [*lines, "", "What the evidence says for each default (examples/study_baby_gpt.yaml "
+            "cites it):", "",
             *decisions, ""]
 
 

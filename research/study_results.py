@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import shlex
 import sys
 import tempfile
 import time
@@ -318,7 +319,7 @@ def main() -> int:
             if results.exists() and args.protocol != "baby":  # baby keeps and resumes instead
                 kept = json.loads(results.read_text())
                 kept["runs"] = [r for r in kept["runs"] if r["variant"] not in only]
-        command = "python research/study_results.py " + " ".join(sys.argv[1:])
+        command = "python research/study_results.py " + shlex.join(sys.argv[1:])  # JSON quoted
         run_all(tasks, args.processes, results, command.strip(), seeds, kept)
     from research.blog_report import insert_blog_section
     from research.study_report import render

@@ -261,6 +261,18 @@ def run_all(tasks: list[dict[str, Any]], processes: int, results: Path, command:
                 "runs": sorted(runs, key=lambda r: (r["seed"], r["variant"]))}, indent=1))
 
 
+def algorithm_options(text: str) -> dict[str, dict[str, Any]]:
+    """`--options`' value: a JSON object of algorithm -> keys of its sparsity section."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not (isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values())):
+        raise argparse.ArgumentTypeError(
+            f"expected an object of algorithm -> object of section keys, got {text}")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--protocol", choices=("reference", "blog", "baby"), default="reference",
@@ -279,7 +291,7 @@ def main() -> int:
                              "runs of the other variants")
     parser.add_argument("--merge", type=Path, default=None,
                         help="baby: fold this --results file into the study's, then render")
-    parser.add_argument("--options", type=json.loads, action="append", default=None,
+    parser.add_argument("--options", type=algorithm_options, action="append", default=None,
                         help="baby: a JSON object of algorithm_options overrides, e.g. "
                              "'{\"rigl\": {\"balance_out_groups\": 32}}'; repeat for a "
                              "one-knob sweep (only the named algorithms run, into "

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 
 import pytest
 
 from research.baby_defaults_report import TITLE, defaults_section, insert_defaults_section, knob
-from research.study_results import baby_key, baby_specs
+from research.study_results import algorithm_options, baby_key, baby_specs
 
 BALANCED = {"rigl": {"balance_out_groups": 32}}
 DROP = {"rigl": {"drop_fraction": {"type": "cosine", "init": 0.5, "half_period": 1500}}}
@@ -57,3 +58,10 @@ def test_a_value_replaces_the_default_only_when_better_beyond_the_seed_noise(tmp
     page.write_text("# Results\n\n## First\n", encoding="utf-8")
     insert_defaults_section(page, sweep, study)
     assert page.read_text(encoding="utf-8").index(TITLE) < page.read_text().index("## First")
+
+
+@pytest.mark.parametrize("text", ['{"rigl": 32}', "[]", "{}", "{rigl: 1}"])
+def test_options_that_are_not_an_object_of_section_keys_are_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        algorithm_options(text)
+    assert algorithm_options('{"rigl": {"balance_out_groups": 32}}') == BALANCED

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from research.baby_report import BASE_WIDTH, _losses, paired_gap
+from research.baby_report import BASE_WIDTH, VARIANTS, _losses, paired_gap
 from research.study_report import fmt, insert_after_title
 
 STUDY = Path(__file__).resolve().parents[1] / "examples" / "study_baby_gpt.yaml"
@@ -97,7 +97,9 @@ def defaults_section(sweep: dict[str, Any], study: dict[str, Any]) -> list[str]:
         "| variant, level | knob | value | final val loss | ppl | seeds | gap to default | "
         "noise (sd) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     decisions = []
-    for (algorithm, key, level, default), values in sorted(rows.items(), key=str):
+    # the study's variant order, then level and knob
+    for (algorithm, key, level, default), values in sorted(
+            rows.items(), key=lambda row: (VARIANTS.index(row[0][0]), -row[0][2], row[0][1])):
         base = _losses(study["runs"], algorithm, level, BASE_WIDTH)
         base_sd = statistics.stdev(base.values()) if len(base) > 1 else None
         name, where = KNOB_NAMES.get(key, key), f"{algorithm}, {level:.0%}"
@@ -118,14 +120,15 @@ def defaults_section(sweep: dict[str, Any], study: dict[str, Any]) -> list[str]:
             noise = max(sds) if sds else None
             judged = verdict(statistics.fmean(diffs), noise) if diffs else "no common seed"
             if judged.startswith("better"):
-                better.append((statistics.fmean(diffs), value, noise))
+                better.append((statistics.fmean(diffs), value, noise, len(diffs)))
             lines.append(f"| {where} | {name} | {_shown(value)} | {fmt(list(by_seed.values()))} | "
                          f"{_ppl(by_seed)} | {len(by_seed)} | {gap_text} | "
                          f"{'—' if noise is None else f'{noise:.3f}'} | {judged} |")
         if better:
-            gap, value, noise = min(better)
+            gap, value, noise, seeds = min(better)
             decisions.append(f"- {name} ({where}): **change** to {_shown(value)}: better by "
-                             f"{-gap:.3f} beyond noise ({noise:.3f}).")
+                             f"{-gap:.3f} beyond noise ({noise:.3f}), "
+                             f"{seeds} seed{'s' if seeds > 1 else ''}.")
         else:
             decisions.append(f"- {name} ({where}): **keep** {_shown(default)}: no value is "
                              "better beyond noise.")

@@ -52,7 +52,8 @@ def test_a_value_replaces_the_default_only_when_better_beyond_the_seed_noise(tmp
     assert "| rigl, 90% | drop fraction (initial, cosine-decayed) | 0.5 | 2.150 |" in text
     assert "| -0.026 | 0.006 | better by 0.026, beyond noise |" in text
     assert "| +0.004 | 0.006 | within noise |" in text
-    assert "drop fraction (initial, cosine-decayed) (rigl, 90%): **change** to 0.5" in text
+    assert ("drop fraction (initial, cosine-decayed) (rigl, 90%): **change** to 0.5: better by "
+            "0.026 beyond noise (0.006), 1 seed." in text)
     assert "row balancing (balance_out_groups) (rigl, 90%): **keep** off" in text
     page = tmp_path / "results.md"
     page.write_text("# Results\n\n## First\n", encoding="utf-8")

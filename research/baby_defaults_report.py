@@ -85,9 +85,10 @@ def defaults_section(sweep: dict[str, Any], study: dict[str, Any]) -> list[str]:
         "the values either side of it, one key changed at a time, everything else as the "
         "study above. A swept value's gap is its final validation loss minus the default's, "
         "seed by seed (same data order), averaged over the seeds it ran; the noise is the seed "
-        "sd of the default's own runs in the study, or the sd of the swept value's runs or of "
-        "their paired gaps where larger. A value beats the default only when it is better by "
-        "more than that noise.", "",
+        "sd of the default's own runs in the study, or where larger the sd of the swept value's "
+        "runs, or of the paired gaps of any value of the same knob that ran more than one seed "
+        "(a single seed's gap strays by that much: the default's own sd understates it). A "
+        "value beats the default only when it is better by more than that noise.", "",
         "One point of the sweep: `python research/study_results.py --protocol baby --seeds 0 "
         "--levels 0.9 --options '{\"rigl\": {\"balance_out_groups\": 32}}'` (repeat "
         "`--options` for more). Raw numbers, and the commands that made them, in "
@@ -102,6 +103,9 @@ def defaults_section(sweep: dict[str, Any], study: dict[str, Any]) -> list[str]:
             rows.items(), key=lambda row: (VARIANTS.index(row[0][0]), -row[0][2], row[0][1])):
         base = _losses(study["runs"], algorithm, level, BASE_WIDTH)
         base_sd = statistics.stdev(base.values()) if len(base) > 1 else None
+        # how far one seed's gap strays from its mean: a single-seed value is judged by it too
+        gap_sds = [statistics.stdev(diffs) for by_seed in values.values()
+                   if len(diffs := paired_gap(base, by_seed)[0]) > 1]
         name, where = KNOB_NAMES.get(key, key), f"{algorithm}, {level:.0%}"
         better = []
         # the default in its place among the swept values (off first)
@@ -113,10 +117,10 @@ def defaults_section(sweep: dict[str, Any], study: dict[str, Any]) -> list[str]:
                 continue
             by_seed = values[value]
             diffs, gap_text = paired_gap(base, by_seed)
-            # the larger of the seed sds: the default's, and the swept value's and the paired
-            # gap's where they ran more than one seed
-            sds = [sd for sd in (base_sd, *(statistics.stdev(v) for v in (by_seed.values(), diffs)
-                                          if len(v) > 1)) if sd is not None]
+            # the largest seed sd: the default's, this knob's paired gaps', the swept value's
+            sds = [sd for sd in (base_sd, *gap_sds) if sd is not None]
+            if len(by_seed) > 1:
+                sds.append(statistics.stdev(by_seed.values()))
             noise = max(sds) if sds else None
             judged = verdict(statistics.fmean(diffs), noise) if diffs else "no common seed"
             if judged.startswith("better"):

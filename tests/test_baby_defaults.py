@@ -66,3 +66,14 @@ def test_options_that_are_not_an_object_of_section_keys_are_refused(text):
     with pytest.raises(argparse.ArgumentTypeError):
         algorithm_options(text)
     assert algorithm_options('{"rigl": {"balance_out_groups": 32}}') == BALANCED
+
+
+def test_a_single_seed_gap_is_judged_by_the_spread_of_the_same_knobs_paired_gaps():
+    study = {"runs": [_run(None, s, loss) for s, loss in enumerate((2.176, 2.164, 2.169))]}
+    freq = {"rigl": {"update": {"freq": 50, "stop": 1500}}}
+    slow = {"rigl": {"update": {"freq": 200, "stop": 1500}}}
+    runs = [_run(freq, 0, 2.108), _run(freq, 1, 2.119), _run(freq, 2, 2.158),  # gaps sd 0.029
+            _run(slow, 0, 2.196)]  # 0.020 worse: beyond the default's sd 0.006, not beyond 0.029
+    text = "\n".join(defaults_section({"command": "c", "total_wall_s": 1.0, "runs": runs}, study))
+    assert "| 200 | 2.196 | 8.989 | 1 | +0.020 | 0.029 | within noise |" in text
+    assert "| 50 | 2.128 ± 0.026 | 8.403 | 3 | -0.041 ± 0.029 | 0.029 | better by 0.041" in text

@@ -18,12 +18,16 @@ FFN stays 4 x the width), into research/results/study_results_baby_gpt.json; den
 width and seed (it has no level). Tasks go seed by seed, so a stopped run leaves whole seeds.
 A rerun skips the (variant, seed, level, width) runs the file already holds, so a stopped sweep
 resumes where it stopped (research/baby_report.py renders it first on docs/results.md).
+With `--options`, repeated, each a JSON object of `algorithm_options` overrides, it sweeps the
+study's defaults one knob at a time instead, running only the algorithms each names, into
+research/results/study_results_baby_gpt_defaults.json (research/baby_defaults_report.py).
 
 Results are written after every finished run, so an interrupted run still renders
 (`--render-only`).
 
     python research/study_results.py [--protocol reference|blog|baby] [--seeds 0,1,2] [--steps N]
                                      [--levels 0.8,0.9] [--widths 64,128,256] [--render-only]
+                                     [--options '{"rigl": {"balance_out_groups": 32}}' ...]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import shlex
 import sys
 import tempfile
 import time
@@ -46,6 +51,7 @@ RESULTS = ROOT / "research" / "results" / "study_results.json"
 BLOG_RESULTS = RESULTS.with_name("study_results_blog.json")
 BABY_STUDY = ROOT / "examples" / "study_baby_gpt.yaml"
 BABY_RESULTS = RESULTS.with_name("study_results_baby_gpt.json")
+BABY_DEFAULTS_RESULTS = RESULTS.with_name("study_results_baby_gpt_defaults.json")  # --options
 DENSE_CONTROL = "dense-half-batch"  # research/blog_report.py's control row
 DOCS = ROOT / "docs"
 PROJECTED_SYSTEMS = (1, 2, 4, 16)
@@ -135,10 +141,15 @@ def blog_specs(steps: int | None, seeds: list[int]) -> list[dict[str, Any]]:
 
 
 def baby_specs(steps: int | None, seeds: list[int], levels: list[float],
-               widths: list[int]) -> list[dict[str, Any]]:
+               widths: list[int], options: dict[str, dict[str, Any]] | None = None,
+               ) -> list[dict[str, Any]]:
     """One task per (width, level, seed, variant) of examples/study_baby_gpt.yaml, width-major,
     then level, then seed: the first width's first level finishes seed by seed before the next.
-    Dense has no level: it runs at the first level only (`level` None)."""
+    Dense has no level: it runs at the first level only (`level` None).
+
+    `options`, one point of a sweep of the study's defaults: keys that override the file's
+    `algorithm_options` (e.g. `{"rigl": {"drop_fraction": ...}}`); only the algorithms it
+    names run, each task carrying it as `options` (part of the run's key)."""
     import yaml
 
     from service.api.body import nest_params
@@ -149,6 +160,11 @@ def baby_specs(steps: int | None, seeds: list[int], levels: list[float],
     if steps is not None:
         body["runconfig"] = {**body["runconfig"], "max_steps": steps,
                              "eval_frequency": max(1, steps // 8)}
+    if options is not None:
+        file_options = body.get("algorithm_options") or {}
+        body["algorithms"] = list(options)
+        body["algorithm_options"] = {**file_options, **{
+            name: {**file_options.get(name, {}), **keys} for name, keys in options.items()}}
     tasks = []
     for width in widths:
         # nanoGPT's MLP is 4 x the width; heads and depth stay the file's.
@@ -162,13 +178,17 @@ def baby_specs(steps: int | None, seeds: list[int], levels: list[float],
                     spec = variant_spec(study.params, section, seed)
                     tasks.append({"variant": name, "seed": seed, "width": width,
                                   "level": None if section is None else level,
+                                  **({} if options is None else {"options": options}),
                                   "params": spec.model_dump(mode="json")})
     return tasks
 
 
 def baby_key(run: dict[str, Any]) -> tuple[Any, ...]:
-    """What identifies a run of the baby-GPT study (its results file holds each once)."""
-    return run["variant"], run["seed"], run["level"], run["width"]
+    """What identifies a run of the baby-GPT study (its results file holds each once); a
+    defaults sweep's run also by the options it overrode."""
+    key = run["variant"], run["seed"], run["level"], run["width"]
+    options = run.get("options")
+    return key if options is None else (*key, json.dumps(options, sort_keys=True))
 
 
 def merge_baby(extra: Path) -> None:
@@ -209,7 +229,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     tokens = spec.train_input.batch_size * spec.train_input.max_sequence_length
     projections = {str(n): project(model, seq_len=spec.train_input.max_sequence_length, global_tokens=tokens,
                                    num_csx=n).speedup_vs_dense for n in PROJECTED_SYSTEMS}
-    extra = {k: task[k] for k in ("level", "width") if k in task}
+    extra = {k: task[k] for k in ("level", "width", "options") if k in task}
     print(f"{task['variant']:<22} seed {task['seed']} {extra or ''}: final ppl "
           f"{summary['final_eval_perplexity']:.3f} in {wall_s:.0f} s", flush=True)
     return {"variant": task["variant"], "seed": task["seed"], **extra, "wall_s": wall_s,
@@ -241,6 +261,18 @@ def run_all(tasks: list[dict[str, Any]], processes: int, results: Path, command:
                 "runs": sorted(runs, key=lambda r: (r["seed"], r["variant"]))}, indent=1))
 
 
+def algorithm_options(text: str) -> dict[str, dict[str, Any]]:
+    """`--options`' value: a JSON object of algorithm -> keys of its sparsity section."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not (isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values())):
+        raise argparse.ArgumentTypeError(
+            f"expected an object of algorithm -> object of section keys, got {text}")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--protocol", choices=("reference", "blog", "baby"), default="reference",
@@ -259,18 +291,26 @@ def main() -> int:
                              "runs of the other variants")
     parser.add_argument("--merge", type=Path, default=None,
                         help="baby: fold this --results file into the study's, then render")
+    parser.add_argument("--options", type=algorithm_options, action="append", default=None,
+                        help="baby: a JSON object of algorithm_options overrides, e.g. "
+                             "'{\"rigl\": {\"balance_out_groups\": 32}}'; repeat for a "
+                             "one-knob sweep (only the named algorithms run, into "
+                             "research/results/study_results_baby_gpt_defaults.json)")
     parser.add_argument("--render-only", action="store_true", help="re-render the results JSON")
     args = parser.parse_args()
     if args.merge is not None:
         merge_baby(args.merge)
     elif not args.render_only:
         seeds = [int(s) for s in args.seeds.split(",")]
-        results = args.results or {"blog": BLOG_RESULTS, "baby": BABY_RESULTS}.get(
-            args.protocol, RESULTS)
+        results = args.results or {
+            "blog": BLOG_RESULTS,
+            "baby": BABY_RESULTS if args.options is None else BABY_DEFAULTS_RESULTS,
+        }.get(args.protocol, RESULTS)
         kept = None
         if args.protocol == "baby":
-            tasks = baby_specs(args.steps, seeds, [float(v) for v in args.levels.split(",")],
-                               [int(w) for w in args.widths.split(",")])
+            tasks = [task for options in args.options or [None] for task in baby_specs(
+                args.steps, seeds, [float(v) for v in args.levels.split(",")],
+                [int(w) for w in args.widths.split(",")], options)]
             done = set()
             if BABY_RESULTS.exists() and results != BABY_RESULTS:  # a side sweep skips those too
                 done = {baby_key(run) for run in json.loads(BABY_RESULTS.read_text())["runs"]}
@@ -291,7 +331,7 @@ def main() -> int:
             if results.exists() and args.protocol != "baby":  # baby keeps and resumes instead
                 kept = json.loads(results.read_text())
                 kept["runs"] = [r for r in kept["runs"] if r["variant"] not in only]
-        command = "python research/study_results.py " + " ".join(sys.argv[1:])
+        command = "python research/study_results.py " + shlex.join(sys.argv[1:])  # JSON quoted
         run_all(tasks, args.processes, results, command.strip(), seeds, kept)
     from research.blog_report import insert_blog_section
     from research.study_report import render
@@ -304,7 +344,13 @@ def main() -> int:
     if BABY_RESULTS.exists():  # inserted last, so it leads the page
         from research.baby_report import insert_baby_section
 
-        insert_baby_section(DOCS / "results.md", json.loads(BABY_RESULTS.read_text()), DOCS)
+        baby = json.loads(BABY_RESULTS.read_text())
+        if BABY_DEFAULTS_RESULTS.exists():  # right after the study it compares with
+            from research.baby_defaults_report import insert_defaults_section
+
+            insert_defaults_section(DOCS / "results.md",
+                                    json.loads(BABY_DEFAULTS_RESULTS.read_text()), baby)
+        insert_baby_section(DOCS / "results.md", baby, DOCS)
     print(f"wrote {DOCS / 'results.md'}")
     return 0
 

@@ -9,6 +9,7 @@ to dense and to Static against width, per level (docs/images/baby_gpt_width_gaps
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -18,10 +19,10 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from research.blog_report import claim_verdict
-from research.study_report import fmt, insert_after_title
+from research.study_report import SINKHORN_VARIANT, fmt, insert_after_title
 from workers.plots import plain_tick_labels
 
-VARIANTS = ("dense", "static", "set", "rigl", "granet")
+VARIANTS = ("dense", "static", "set", "rigl", "granet", SINKHORN_VARIANT)
 SPARSE = VARIANTS[1:]
 # The published orderings the study checks (better first): the RigL paper and Cerebras' blog
 # put SET and RigL ahead of Static, GraNet's paper (Liu et al. 2021) GraNet ahead of RigL.
@@ -40,6 +41,16 @@ def _losses(runs: list[dict[str, Any]], variant: str, level: float | None,
     """seed -> final validation loss of `variant` (dense: any level) at `level` and `width`."""
     return {r["seed"]: _loss(r) for r in runs if r["variant"] == variant and r["width"] == width
             and (variant == "dense" or r["level"] == level)}
+
+
+def update_text(runs: list[dict[str, Any]]) -> str:
+    """The mask-update schedule the file's dynamic runs ran (each run records its section)."""
+    schedules = {json.dumps(run["sparsity"]["update"], sort_keys=True) for run in runs
+                 if (run.get("sparsity") or {}).get("update") and run["width"] == BASE_WIDTH}
+    if len(schedules) != 1:
+        return f"mask updates on mixed schedules ({', '.join(sorted(schedules)) or 'none recorded'})"
+    update = json.loads(schedules.pop())
+    return f"a mask update every {update['freq']} steps to step {update['stop']}"
 
 
 def paired_gap(better: dict[int, float], worse: dict[int, float]) -> tuple[list[float], str]:
@@ -171,9 +182,10 @@ def baby_section(data: dict[str, Any], images: Path) -> list[str]:
         ": a GPT-2 block, 4 layers, 4 heads, 128 wide, block 64, batch 12, "
         f"{first['max_steps']} steps, AdamW 1e-3 with β₂ 0.99, warm-up 100 then cosine to 1e-4, "
         "weight decay 0.1, clip 1.0, dropout 0), on `builtin:shakespeare` bytes. Sparse "
-        "variants: uniform sparsity over the attention and FFN projections, a mask update every "
-        "100 steps to step 1500, drop fraction 0.3 cosine-decayed, GraNet from 50%, no row "
-        "balancing. Numbers are final validation losses (ln of the perplexity, 20 batches), "
+        "variants: uniform sparsity over the attention and FFN projections, "
+        f"{update_text(runs)}, drop fraction 0.3 cosine-decayed, GraNet from 50%, no row "
+        f"balancing; {SINKHORN_VARIANT} is RigL growing by the Sinkhorn-scaled |gradient| (the "
+        "2 × 64 study's cause experiment, below). Numbers are final validation losses (ln of the perplexity, 20 batches), "
         "nanoGPT's measure.", "",
         f"Regenerate with `make results` (`research/study_results.py --protocol baby`); raw "
         f"numbers in `research/results/study_results_baby_gpt.json`. Last run: "

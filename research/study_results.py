@@ -76,11 +76,20 @@ class MetricRecorder:
         """Nothing is buffered."""
 
 
+def with_sinkhorn(sections: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """A study's (variant, section) pairs plus the cause experiment's knob through the
+    product's loop: the study's RigL growing by the Sinkhorn-scaled |gradient| (no row
+    balancing: the scaling spreads rows and columns)."""
+    from research.study_report import SINKHORN_VARIANT
+
+    rigl = {k: v for k, v in dict(sections)["rigl"].items() if k != "balance_out_groups"}
+    return [*sections, (SINKHORN_VARIANT, {**rigl, "grow_score_scaling": "sinkhorn"})]
+
+
 def run_specs(steps: int | None, seeds: list[int]) -> list[dict[str, Any]]:
     """One task per (variant, seed), and the Sparse-Wide RigL runs on the first seed."""
     import yaml
 
-    from research.study_report import SINKHORN_VARIANT
     from service.schemas import StudyCreate
     from service.studies import variant_sparsity, variants
 
@@ -94,13 +103,8 @@ def run_specs(steps: int | None, seeds: list[int]) -> list[dict[str, Any]]:
     base = study.params.model_dump(mode="json")
     max_steps = study.params.runconfig.max_steps
     tasks = []
-    sections = dict(variants(study))
-    # The cause experiment's knob through the product's loop: the study's RigL growing by the
-    # Sinkhorn-scaled |gradient| (no row balancing: the scaling spreads rows and columns).
-    sinkhorn = {k: v for k, v in sections["rigl"].items() if k != "balance_out_groups"}
-    sections[SINKHORN_VARIANT] = {**sinkhorn, "grow_score_scaling": "sinkhorn"}
     for seed in seeds:
-        for name, section in sections.items():
+        for name, section in with_sinkhorn(variants(study)):
             tasks.append({"variant": name, "seed": seed, "params": {
                 **base, "sparsity": section, "runconfig": {**base["runconfig"], "seed": seed}}})
     for level in SPARSE_WIDE_LEVELS:
@@ -148,8 +152,9 @@ def baby_specs(steps: int | None, seeds: list[int], levels: list[float],
     Dense has no level: it runs at the first level only (`level` None).
 
     `options`, one point of a sweep of the study's defaults: keys that override the file's
-    `algorithm_options` (e.g. `{"rigl": {"drop_fraction": ...}}`); only the algorithms it
-    names run, each task carrying it as `options` (part of the run's key)."""
+    `algorithm_options` (e.g. `{"rigl": {"drop_fraction": ...}}`; `{"rigl": {}}`: the file's
+    own section); only the algorithms it names run, each task carrying it as `options` and the
+    file's `algorithm_options` it changed as `base` (both part of the run's key)."""
     import yaml
 
     from service.api.body import nest_params
@@ -160,8 +165,8 @@ def baby_specs(steps: int | None, seeds: list[int], levels: list[float],
     if steps is not None:
         body["runconfig"] = {**body["runconfig"], "max_steps": steps,
                              "eval_frequency": max(1, steps // 8)}
+    file_options = body.get("algorithm_options") or {}
     if options is not None:
-        file_options = body.get("algorithm_options") or {}
         body["algorithms"] = list(options)
         body["algorithm_options"] = {**file_options, **{
             name: {**file_options.get(name, {}), **keys} for name, keys in options.items()}}
@@ -171,24 +176,28 @@ def baby_specs(steps: int | None, seeds: list[int], levels: list[float],
         body["model"] = {**body["model"], "hidden_size": width, "filter_size": 4 * width}
         for level in levels:
             study = StudyCreate.model_validate(nest_params({**body, "sparsity": level}, StudyCreate))
+            # a sweep of the defaults runs the algorithms it names; the study adds Sinkhorn RigL
+            sections = variants(study) if options is not None else with_sinkhorn(variants(study))
             for seed in seeds:
-                for name, section in variants(study):
+                for name, section in sections:
                     if section is None and level != levels[0]:
                         continue  # dense is the same run at every level
                     spec = variant_spec(study.params, section, seed)
                     tasks.append({"variant": name, "seed": seed, "width": width,
                                   "level": None if section is None else level,
-                                  **({} if options is None else {"options": options}),
+                                  **({} if options is None else {"options": options,
+                                                                 "base": file_options}),
                                   "params": spec.model_dump(mode="json")})
     return tasks
 
 
 def baby_key(run: dict[str, Any]) -> tuple[Any, ...]:
     """What identifies a run of the baby-GPT study (its results file holds each once); a
-    defaults sweep's run also by the options it overrode."""
+    defaults sweep's run also by the options it overrode and the sections it overrode them in."""
     key = run["variant"], run["seed"], run["level"], run["width"]
-    options = run.get("options")
-    return key if options is None else (*key, json.dumps(options, sort_keys=True))
+    if "options" not in run:
+        return key
+    return (*key, *(json.dumps(run[k], sort_keys=True) for k in ("options", "base")))
 
 
 def merge_baby(extra: Path) -> None:
@@ -229,13 +238,15 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     tokens = spec.train_input.batch_size * spec.train_input.max_sequence_length
     projections = {str(n): project(model, seq_len=spec.train_input.max_sequence_length, global_tokens=tokens,
                                    num_csx=n).speedup_vs_dense for n in PROJECTED_SYSTEMS}
-    extra = {k: task[k] for k in ("level", "width", "options") if k in task}
-    print(f"{task['variant']:<22} seed {task['seed']} {extra or ''}: final ppl "
+    extra = {k: task[k] for k in ("level", "width", "options", "base") if k in task}
+    shown = {k: v for k, v in extra.items() if k != "base"}
+    print(f"{task['variant']:<22} seed {task['seed']} {shown or ''}: final ppl "
           f"{summary['final_eval_perplexity']:.3f} in {wall_s:.0f} s", flush=True)
     return {"variant": task["variant"], "seed": task["seed"], **extra, "wall_s": wall_s,
             "final_ppl": summary["final_eval_perplexity"],
             "best_ppl": summary["best_eval_perplexity"],
             "eval_history": summary["eval_history"], "metrics": recorder.metrics,
+            "sparsity": task["params"].get("sparsity"),  # the section it ran, for the reports
             "speedup": projections, "layer_density": summary.get("layer_density", {}),
             "params": sum(p.numel() for p in model.parameters()),
             "max_steps": spec.runconfig.max_steps, "batch_size": spec.train_input.batch_size}

@@ -39,15 +39,17 @@ def test_a_claim_is_judged_against_seed_noise_and_says_when_there_is_none():
 def test_the_tasks_go_seed_by_seed_with_dense_once_per_width():
     tasks = baby_specs(None, [0, 1], [0.8, 0.9], [64, 128])
     keys = [baby_key(t) for t in tasks]
-    assert len(keys) == len(set(keys)) == 2 * (2 * 5 + 2 * 4)  # dense has no 90% run
-    assert keys[:5] == [(v, 0, None if v == "dense" else 0.8, 64)
-                        for v in ("dense", "static", "set", "rigl", "granet")]
-    assert [t["seed"] for t in tasks[:10]] == [0] * 5 + [1] * 5  # a whole seed first
+    assert len(keys) == len(set(keys)) == 2 * (2 * 6 + 2 * 5)  # dense has no 90% run
+    assert keys[:6] == [(v, 0, None if v == "dense" else 0.8, 64)
+                        for v in ("dense", "static", "set", "rigl", "granet", "rigl-sinkhorn")]
+    assert [t["seed"] for t in tasks[:12]] == [0] * 6 + [1] * 6  # a whole seed first
     first = tasks[0]["params"]
     assert first["model"]["hidden_size"] == 64 and first["model"]["filter_size"] == 256
     rigl = next(t for t in tasks if t["variant"] == "rigl" and t["level"] == 0.9)["params"]
     assert rigl["sparsity"]["sparsity"] == 0.9 and "balance_out_groups" not in rigl["sparsity"]
-    assert rigl["sparsity"]["update"] == {"freq": 100, "stop": 1500}
+    assert rigl["sparsity"]["update"] == {"freq": 50, "stop": 1500}  # the defaults sweep's pick
+    sinkhorn = next(t for t in tasks if t["variant"] == "rigl-sinkhorn" and t["level"] == 0.9)
+    assert sinkhorn["params"]["sparsity"] == {**rigl["sparsity"], "grow_score_scaling": "sinkhorn"}
     assert rigl["runconfig"]["seed"] == 0 and rigl["optimizer"]["betas"] == [0.9, 0.99]
 
 
@@ -56,7 +58,9 @@ def test_the_section_leads_the_page_with_the_dense_anchor(tmp_path: Path):
     page.write_text("# Results\n\nIntro.\n\n## First\n\nbody\n", encoding="utf-8")
     run = {"variant": "dense", "seed": 0, "level": None, "width": 128, "wall_s": 70.0,
            "final_ppl": math.exp(1.9), "max_steps": 2000, "params": 1}
-    runs = [run, *({**run, "variant": v, "level": 0.8, "final_ppl": math.exp(2.0 + i / 100)}
+    update = {"freq": 50, "stop": 1500}
+    runs = [run, *({**run, "variant": v, "level": 0.8, "final_ppl": math.exp(2.0 + i / 100),
+                    "sparsity": {"algorithm": v} | ({"update": update} if v != "static" else {})}
                    for i, v in enumerate(("static", "set", "rigl", "granet")))]
     insert_baby_section(page, {"command": "c", "total_wall_s": 60.0, "complete": False,
                                "runs": runs}, tmp_path)
@@ -66,6 +70,10 @@ def test_the_section_leads_the_page_with_the_dense_anchor(tmp_path: Path):
     assert "dense reaches a validation loss of 1.900 (1 seed)" in text
     assert "| set | 2.010 | 1 | 2.010 | +0.010 | +0.110 | 70 |" in text
     assert "| rigl < static | static − rigl -0.020 | -0.020 | reversed, 1 seed" in text
+    assert "a mask update every 50 steps to step 1500" in text  # what the runs recorded
+    runs[-1]["sparsity"]["update"] = {"freq": 100, "stop": 1500}  # a run from before a change
+    insert_baby_section(page, {"command": "c", "total_wall_s": 60.0, "runs": runs}, tmp_path)
+    assert "mask updates on mixed schedules" in page.read_text(encoding="utf-8")
 
 
 def test_a_side_sweep_merges_its_new_runs_and_commands(tmp_path: Path, monkeypatch):

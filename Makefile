@@ -18,9 +18,10 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# The reference study through the real service; keeps the MLflow UI up until Ctrl-C.
+# The reference study (nanoGPT's baby GPT, five variants at 80%, two at a time) through the real
+# service; keeps the MLflow UI up until Ctrl-C.
 run: install
-	$(PY) -m workers.cli local-study --study examples/study.yaml
+	$(PY) -m workers.cli local-study --study examples/study_baby_gpt.yaml
 
 # docs/results.md: the reference study over 3 seeds, plus Sparse-Wide RigL; then the same
 # study under the Cerebras sparsity blog's protocol (examples/study_blog.yaml), compared with it;

@@ -4,7 +4,7 @@
     csx token create --name N [--admin]              # prints the secret once
     csx submit --params P.yaml [--num_csx N] [--mode M] [--name N] [--priority P]
     csx study --params P.yaml --name N --algorithms dense,static,set,rigl,granet --sparsity 0.9
-    csx local-study [--study examples/study.yaml] [--state-dir .csx] [--no-wait]   # `make run`
+    csx local-study [--study examples/study_baby_gpt.yaml] [--state-dir .csx] [--no-wait]  # `make run`
 
 Client commands talk to --url (default $CSX_URL or http://127.0.0.1:8000) with --token
 (default $CSX_TOKEN).
@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     local = subparsers.add_parser(
         "local-study", help="start API, Ray and MLflow UI locally, run a study YAML, report")
-    local.add_argument("--study", type=Path, default=Path("examples/study.yaml"),
+    local.add_argument("--study", type=Path, default=Path("examples/study_baby_gpt.yaml"),
                        help="a POST /v1/studies body as YAML")
     local.add_argument("--state-dir", type=Path, default=Path(".csx"),
                        help="databases, MLflow store, checkpoints and logs")

@@ -49,6 +49,7 @@ from service.mlflow_auth import experiment_name
 from service.models import Job, Study
 from service.settings import Settings
 from service.states import HOLDING, RESUMABLE, TERMINAL, JobStatus, move
+from workers.hardware import ClusterSummary, job_footprint
 
 logger = logging.getLogger(__name__)
 S = JobStatus
@@ -369,10 +370,24 @@ class Scheduler:
                 execution.stop("timeout")
 
     def _start_queued(self, session: Session) -> None:
-        free = sorted(set(range(self.settings.systems)) - set(crud.held_systems(session)))
-        # Strict priority + FIFO: the head waits for its systems; nobody overtakes it. Only the
-        # head is read, so a tick costs one indexed row however long the queue is.
+        cluster = self.settings.cluster()
+        holding = crud.jobs_in(session, statuses=HOLDING)
+        free = sorted(set(range(cluster.systems)) - {s for job in holding for s in job.systems})
+        # The CPUs and GPUs the holding jobs' workers take: a job whose systems are free but
+        # whose CPUs are not would wait on Ray while it reads RUNNING, and Ray would let a later
+        # job overtake it (a 1-system job trains on every core by default: docs/clusters.md).
+        used = [sum(parts) for parts in zip((0.0, 0.0), *map(partial(footprint, cluster), holding))]
+        capacity = (cluster.systems * cluster.cpus_per_system, cluster.gpus)
+        # Strict priority + FIFO: the head waits for its systems, CPUs and GPUs; nobody
+        # overtakes it. Only the head is read, so a tick costs one indexed row however long
+        # the queue is. A head larger than the whole cluster starts alone (and fails, naming
+        # the key) rather than blocking the queue.
         while (job := crud.queue_head(session)) is not None and job.num_csx <= len(free):
+            need = footprint(cluster, job)
+            if holding and any(u + n > c + 1e-9 for u, n, c in zip(used, need, capacity)):
+                break
+            used = [u + n for u, n in zip(used, need)]
+            holding.append(job)
             job.systems, free = free[:job.num_csx], free[job.num_csx:]
             self._move(session, job, S.VALIDATING, f"systems {job.systems} reserved")
             session.commit()
@@ -611,6 +626,13 @@ class Scheduler:
 
 MAX_REASON_CHARS = 300
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\"/:]+/)+([^\s'\"/:]+)")
+
+
+def footprint(cluster: ClusterSummary, job: Job) -> tuple[float, float]:
+    """The CPUs and GPUs `job` takes from `cluster` while it holds its systems."""
+    runconfig = (job.params or {}).get("runconfig") or {}
+    return job_footprint(cluster, job.num_csx, cpus_per_csx=runconfig.get("cpus_per_csx"),
+                         gpus_per_csx=runconfig.get("gpus_per_csx"))
 
 
 def user_reason(err: BaseException, runs_dir: Path, job_id: int) -> str:

@@ -39,7 +39,7 @@ LANGUAGES: dict[str, tuple[str, str]] = {
 # "provided" lines are what that stack itself does, "server" lines start a server that is
 # polled, then stopped.
 LINE_KINDS: list[tuple[str, str, str]] = [
-    (r"make run", "skip", "minutes: `csx local-study` on examples/study.yaml, run on a tiny "
+    (r"make run", "skip", "minutes: `csx local-study` on examples/study_baby_gpt.yaml, run on a tiny "
                           "study by tests/service/test_service_local_stack.py"),
     (r"make test", "skip", "this suite"),
     (r"make (results|bench)", "skip", "hours: benchmarks and docs/results.md"),

@@ -152,6 +152,25 @@ def per_system_hardware(nodes: list[Node], num_csx: int, *, cpus_per_csx: int | 
     return SystemHardware(cpus=cpus_per_csx, gpus=gpus_per_csx, placement=placement)
 
 
+def job_footprint(summary: ClusterSummary, num_csx: int, *, cpus_per_csx: int | None = None,
+                  gpus_per_csx: int | None = None) -> tuple[float, float]:
+    """The CPUs and GPUs a job of `num_csx` systems takes from the cluster while it runs: what
+    its placement group holds (`per_system_hardware` on a cluster of `summary`'s nodes, each
+    alike). A job the cluster could never place counts as its systems' share, so it reaches
+    the runner, which fails it naming the key."""
+    per_node = max(1, summary.systems // max(summary.nodes, 1))
+    nodes = [Node(address="", systems=per_node, cpus=per_node * summary.cpus_per_system,
+                  gpus=per_node * summary.gpus_per_system,
+                  memory_bytes=per_node * summary.memory_per_system_bytes)
+             for _ in range(max(summary.nodes, 1))]
+    try:
+        hardware = per_system_hardware(nodes, num_csx, cpus_per_csx=cpus_per_csx,
+                                       gpus_per_csx=gpus_per_csx)
+    except ValueError:
+        return num_csx * summary.cpus_per_system, num_csx * summary.gpus_per_system
+    return float(num_csx * hardware.cpus), float(num_csx * hardware.gpus)
+
+
 def visible_gpus() -> int:
     """NVIDIA GPUs this process may use, without importing torch: the driver's device list,
     narrowed by CUDA_VISIBLE_DEVICES when it is set."""

@@ -4,11 +4,13 @@ one private PostgreSQL server per session for the tests that need the production
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from service.cluster import machine_summary
 from service.main import create_app
 from service.settings import Settings
 from service_helpers import PostgresServer, ScriptedLauncher, make_token
@@ -36,8 +38,11 @@ def postgres_url(postgres: PostgresServer) -> str:
 
 @pytest.fixture
 def service_settings(tmp_path: Path) -> Settings:
+    """Four systems on four one-CPU nodes (this machine's memory and GPUs), so the scripted
+    launcher's 1-system jobs run side by side whatever this machine's cores: on one node a
+    1-system job takes every core by default and the scheduler starts the next when it ends."""
     (tmp_path / "data").mkdir()
-    return Settings(
+    settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'csx.db'}",
         runs_dir=tmp_path / "runs",
         mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
@@ -45,6 +50,9 @@ def service_settings(tmp_path: Path) -> Settings:
         cluster_size=4,
         scheduler_interval_s=0.05,
     )
+    four_nodes = replace(machine_summary(4), nodes=4, cpus_per_system=1.0)
+    settings.read_cluster_from(lambda: four_nodes)
+    return settings
 
 
 @pytest.fixture

@@ -62,6 +62,7 @@ def auth_client(mlflow_server: str, service_settings: Settings, launcher: Script
         "mlflow_tracking_uri": mlflow_server, "mlflow_ui_url": mlflow_server,
         "mlflow_admin_username": ADMIN[0], "mlflow_admin_password": ADMIN[1]})
     settings = Settings.model_validate(settings.model_dump())  # validated like the environment
+    settings.read_cluster_from(service_settings.cluster)  # the fixture's cluster, not a field
     with TestClient(create_app(settings, launcher=launcher)) as client:
         yield client
 

@@ -9,6 +9,7 @@ from service.main import create_app
 from service.models import Job
 from service.settings import Settings
 from service.states import JobStatus, move
+from workers.hardware import ClusterSummary
 from service_helpers import (
     ScriptedLauncher,
     job_body,
@@ -64,6 +65,32 @@ def test_jobs_wait_for_free_systems_and_hold_them(client: TestClient, alice: dic
     launcher.handle_for(big).finish({})
     wait_status(client, alice, small, "RUNNING")
     assert client.get("/v1/cluster", headers=alice).json()["free"] == 3
+
+
+def test_a_job_waits_for_cpus_in_order_when_its_systems_are_free(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher) -> None:
+    """Two systems of two CPUs each: a 1-system job trains on all four CPUs by default, so the
+    next one waits QUEUED (not RUNNING behind Ray, where a later job could overtake it) though
+    a system is free; jobs that name cpus_per_csx share the cluster."""
+    client.app.state.settings.read_cluster_from(lambda: ClusterSummary(
+        systems=2, nodes=1, cpus_per_system=2.0, gpus_per_system=0.0,
+        memory_per_system_bytes=8.0 * 2**30))
+    first, second = _submit(client, alice), _submit(client, alice)
+    wait_status(client, alice, first, "RUNNING")
+    third = _submit(client, alice, runconfig={"max_steps": 10, "cpus_per_csx": 2})
+    cluster = client.get("/v1/cluster", headers=alice).json()
+    assert cluster["free"] == 1 and cluster["queued"] == 2
+    assert not launcher.launches_of(second) and not launcher.launches_of(third)
+    launcher.handle_for(first).finish({})
+    wait_status(client, alice, second, "RUNNING")  # the head goes first, as submitted
+    assert client.get(f"/v1/jobs/{third}", headers=alice).json()["status"] == "QUEUED"
+    launcher.handle_for(second).finish({})
+    wait_status(client, alice, third, "RUNNING")
+    fourth = _submit(client, alice, runconfig={"max_steps": 10, "cpus_per_csx": 2})
+    wait_status(client, alice, fourth, "RUNNING")  # 2 + 2 CPUs: both fit
+    for job in (third, fourth):
+        launcher.handle_for(job).finish({})
+        wait_status(client, alice, job, "SUCCEEDED")
 
 
 def test_priority_then_fifo_order(client: TestClient, alice: dict[str, str],

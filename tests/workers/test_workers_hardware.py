@@ -16,6 +16,7 @@ from workers.hardware import (
     Node,
     SystemHardware,
     intra_op_threads,
+    job_footprint,
     machine_resources,
     nodes_from_ray,
     per_system_hardware,
@@ -119,6 +120,34 @@ def test_resolved_hardware_always_fits_the_nodes(nodes, num_csx):
     assert hardware.cpus >= 1 and hardware.gpus in (0, 1)
     assert systems_that_fit(nodes, hardware.cpus, hardware.gpus) >= num_csx
     assert hardware.cpus * num_csx <= sum(n.cpus for n in nodes if n.systems)
+
+
+@settings(max_examples=200, deadline=None)
+@given(systems=st.integers(1, 8), nodes=st.integers(1, 3), cpus=st.integers(1, 8),
+       num_csx=st.integers(1, 8), cpus_per_csx=st.none() | st.integers(1, 8))
+def test_a_jobs_footprint_is_what_its_placement_group_holds(systems, nodes, cpus, num_csx,
+                                                            cpus_per_csx):
+    """The scheduler's view of a job's CPUs equals the runner's request on the same cluster
+    (num_csx bundles of per_system_hardware's CPUs), so a job it admits fits beside the others."""
+    summary = ClusterSummary(systems=systems * nodes, nodes=nodes, cpus_per_system=cpus / systems,
+                             gpus_per_system=0.0, memory_per_system_bytes=2.0**30)
+    cluster = [Node("n", systems=systems, cpus=cpus, gpus=0, memory_bytes=systems * 2.0**30)
+               for _ in range(nodes)]
+    used_cpus, used_gpus = job_footprint(summary, num_csx, cpus_per_csx=cpus_per_csx)
+    try:
+        hardware = per_system_hardware(cluster, num_csx, cpus_per_csx=cpus_per_csx)
+    except ValueError:  # never placeable: the systems' share, and the runner refuses it
+        assert used_cpus == pytest.approx(num_csx * cpus / systems)
+        return
+    assert (used_cpus, used_gpus) == (num_csx * hardware.cpus, 0.0)
+    assert used_cpus <= cpus * nodes
+
+
+def test_one_system_on_the_default_takes_every_core_so_a_second_job_waits():
+    two_cores = summarise(TWO_CORES)
+    assert job_footprint(two_cores, 1) == (2.0, 0.0)  # both cores: the capacity
+    assert job_footprint(two_cores, 1, cpus_per_csx=1) == (1.0, 0.0)  # two such jobs fit
+    assert job_footprint(two_cores, 2) == (2.0, 0.0)
 
 
 def test_threads_follow_the_granted_cpus_up_to_the_cores_this_process_has():

@@ -66,8 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="databases, MLflow store, checkpoints and logs")
     local.add_argument("--api-port", type=int, default=0, help="0: a free port")
     local.add_argument("--ui-port", type=int, default=0, help="0: a free port")
-    local.add_argument("--cluster-size", type=int, default=2,
-                       help="simulated CS-2 systems (one CPU each) shared by the variants")
+    local.add_argument("--cluster-size", type=int, default=None,
+                       help="simulated CS-2 systems (one CPU each) shared by the variants "
+                            "(default: one per core with every core, or one per GPU)")
     local.add_argument("--no-wait", action="store_true",
                        help="stop the stack after the report instead of keeping the UI up")
     local.set_defaults(handler=local_study_command)

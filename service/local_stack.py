@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-from workers.hardware import machine_resources
+from workers.hardware import machine_resources, machine_systems, usable_cores
 
 HOST = "127.0.0.1"
 DEV_TOKEN_LINE = re.compile(r"csx dev token \(admin\): (\S+)")
@@ -256,7 +256,9 @@ class LocalStack:
     api_port: int = 0
     ui_port: int = 0
     ray_port: int = 0
-    cluster_size: int = 2
+    # Simulated systems, one Ray CPU each; None: this machine's (one per core, or one per GPU),
+    # with every core, so a many-core machine trains as many variants at once as it can.
+    cluster_size: int | None = None
     worker_ports: tuple[int, int] = RAY_WORKER_PORTS
     start_timeout_s: float = 120.0
     processes: list[StackProcess] = field(default_factory=list)
@@ -269,6 +271,10 @@ class LocalStack:
     @property
     def ui_url(self) -> str:
         return f"http://{HOST}:{self.ui_port}"
+
+    @property
+    def systems(self) -> int:
+        return self.cluster_size or machine_systems()
 
     def __enter__(self) -> LocalStack:
         try:
@@ -301,8 +307,8 @@ class LocalStack:
         # service does not start its own; service/supervised.py).
         ray = self._start("ray", [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-            "--port", str(self.ray_port), "--num-cpus", str(self.cluster_size),
-            "--resources", json.dumps(machine_resources(self.cluster_size)),
+            "--port", str(self.ray_port), "--num-cpus", str(self.cluster_size or usable_cores()),
+            "--resources", json.dumps(machine_resources(self.systems)),
             *ray_worker_port_args(self.worker_ports),
             "--include-dashboard", "false", "--disable-usage-stats"], env)
         wait_until_up(f"{self.ui_url}/health", ui, self.start_timeout_s)
@@ -323,7 +329,7 @@ class LocalStack:
             "CSX_MLFLOW_TRACKING_URI": self.ui_url,
             "CSX_MLFLOW_UI_URL": self.ui_url,
             "CSX_RUNS_DIR": str(state / "runs"),
-            "CSX_CLUSTER_SIZE": str(self.cluster_size),
+            "CSX_CLUSTER_SIZE": str(self.systems),
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",  # DESIGN §6: 7 s and 0.5 GB, not 3 GB
             "RAY_ADDRESS": f"{HOST}:{self.ray_port}",
             "RAY_AUTH_MODE": "disabled",
@@ -457,7 +463,8 @@ def format_comparison(report: dict[str, Any]) -> str:
 
 
 def run_local_study(study_path: Path, *, state_dir: Path, api_port: int = 0, ui_port: int = 0,
-                    cluster_size: int = 2, keep_ui: bool = True, out: TextIO = sys.stdout) -> int:
+                    cluster_size: int | None = None, keep_ui: bool = True,
+                    out: TextIO = sys.stdout) -> int:
     """Start the stack, run the study to the end, print the report; 0 iff every job succeeded."""
     study_yaml = study_path.read_text(encoding="utf-8")
     with LocalStack(state_dir, api_port=api_port, ui_port=ui_port,

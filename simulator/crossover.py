@@ -11,6 +11,10 @@ densities and two sizes, and fits
 each from the fastest of REPEATS runs. With one thread the runs are timed in the calling
 thread's CPU time (everything runs on it): on a machine shared with other processes wall time
 made the rule flip between CSR and dense from one process to the next.
+A process measures once per machine (:func:`machine_calibration`): the costs go to a file that
+every later process on the machine reads, because CSR and dense round differently and a fresh
+measurement per process moved the crossover density by ±0.05, so a GraNet run (density passing
+0.5 → 0.1) switched layers to CSR at different steps and the same seed gave different losses.
 The rule then compares the two predictions for the real shape, density and token count, so
 tiny layers and low sparsity stay dense without any hard-coded threshold. The same choice holds
 on a RigL/GraNet update step, which needs the dense weight gradient: CSR then runs its forward
@@ -21,10 +25,15 @@ CSR is faster on an update step exactly where it is on an ordinary one.
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import json
+import os
+import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +46,7 @@ TINY_FEATURES = 8
 TINY_TOKENS = 8
 PROBE_DENSITIES = (0.5, 0.05)
 REPEATS = 5
+CACHE_ENV = "CSX_KERNEL_CACHE"  # the folder of the per-machine measurements
 
 
 @dataclass(frozen=True)
@@ -144,3 +154,43 @@ def calibrate(device: torch.device | str = "cpu", dtype: torch.dtype = torch.flo
     device = torch.device(device)
     resolved, _ = resolve_backend(backend, torch.empty(0, device=device, dtype=dtype))
     return _calibrate(device, dtype, torch.get_num_threads(), resolved)
+
+
+def machine_calibration(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                        backend: Backend = "auto") -> KernelCalibration:
+    """:func:`calibrate`, measured once per machine (CPU model, threads, dtype, kernel backend,
+    torch version) and kept in ``$CSX_KERNEL_CACHE`` (default ``~/.cache/csx-sparse``), so every
+    process on the machine picks the same kernels; the first to measure holds a lock while it
+    does. A GPU, or a folder that cannot be written, measures per process."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return calibrate(device, dtype, backend)
+    resolved, _ = resolve_backend(backend, torch.empty(0, device=device, dtype=dtype))
+    folder = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "csx-sparse")
+    key = "-".join((_cpu_model(), f"{torch.get_num_threads()}t", str(dtype).removeprefix("torch."),
+                    resolved, f"torch{torch.__version__}"))
+    path = folder / f"kernel_calibration-{''.join(c if c.isalnum() or c in '.-' else '_' for c in key)}.json"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then reads the first's
+            try:
+                return KernelCalibration(**json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError):
+                measured = calibrate(device, dtype, backend)
+                partial = path.with_suffix(f".tmp{os.getpid()}")
+                partial.write_text(json.dumps(asdict(measured)), encoding="utf-8")
+                os.replace(partial, path)
+                return measured
+    except OSError:
+        return calibrate(device, dtype, backend)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from simulator.crossover import KernelCalibration, calibrate
+from simulator.crossover import KernelCalibration, machine_calibration
 from simulator.csr import (BACKENDS, Backend, CSRStructure, csr_linear, padded_length,
                            weight_values)
 
@@ -148,7 +148,8 @@ class CSRLinear(nn.Module):
             return "dense", "mask keeps every weight"
         if self.weight.is_cuda:
             return "dense", "masked dense on CUDA (the CSR kernels are CPU kernels)"
-        cal = self.calibration or calibrate(self.weight.device, self.weight.dtype, self.backend)
+        cal = self.calibration or machine_calibration(self.weight.device, self.weight.dtype,
+                                                      self.backend)
         nnz = round(density * self.out_features * self.in_features)
         csr_s = cal.predict_csr_s(self.out_features, self.in_features, nnz, tokens)
         dense_s = cal.predict_dense_s(self.out_features, self.in_features, tokens)
@@ -298,8 +299,8 @@ def compile_model(model: nn.Module, algorithm: Any = None, *, kernel: KernelPoli
     Call it after ``algorithm.apply(model)`` so the masks exist. `algorithm` tells the layers
     when a dense weight gradient is needed (``needs_dense_grad()``); `kernel` forces "csr" or
     "dense" instead of the measured rule; `tokens` is the batch size in tokens assumed for the
-    first decision (later ones use the real batch); `calibration` replaces the per-process
-    measurement of ``simulator.crossover.calibrate`` (e.g. for reproducible decisions);
+    first decision (later ones use the real batch); `calibration` replaces this machine's
+    measurement (``simulator.crossover.machine_calibration``);
     `optimizer` (the one stepping `model`'s parameters, hooked by `algorithm`) makes the CSR
     layers' weights values (see the module docstring): it steps their non-zeros only, and holds
     the dense weights again whenever something reads them.

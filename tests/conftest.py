@@ -4,6 +4,7 @@ tests share a pytest-xdist worker."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -37,6 +38,13 @@ OWN_SERVER_FILES = frozenset({
 })
 # The two long groups first, so each worker starts one of them.
 GROUP_ORDER = ("ray_session", "own_servers")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Each session (each xdist worker) measures the CSR-vs-dense costs afresh into a folder of
+    # its own (simulator.crossover.machine_calibration), not the user's cache; Ray workers and
+    # servers the tests start inherit it.
+    os.environ["CSX_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="csx-kernel-cache-")
 
 
 def xdist_group(test_file: str) -> str:

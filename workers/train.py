@@ -67,18 +67,20 @@ CALIBRATION_FILE = "kernel_calibration.json"
 
 def _job_calibration(model_dir: Path, all_reduce: AllReduce | None, write: bool) -> Any:
     """The CSR-vs-dense timing calibration, one per job: replicas and resumed runs must choose
-    the same kernels (CSR and dense round differently). Measured on every rank, averaged with
-    the gradient all-reduce so all ranks hold the same numbers, saved in model_dir for resumes."""
+    the same kernels (CSR and dense round differently). Each rank reads its machine's
+    measurement (the same for every job there, so the same seed gives the same losses), the
+    gradient all-reduce averages them so all ranks hold the same numbers, and model_dir keeps
+    the result for resumes."""
     import json
     import os
     from dataclasses import fields
 
-    from simulator.crossover import KernelCalibration, calibrate
+    from simulator.crossover import KernelCalibration, machine_calibration
 
     path = model_dir / CALIBRATION_FILE
     if os.path.lexists(path):  # anything there but the job's own file is refused
         return KernelCalibration(**json.loads(read_text(path, inside=model_dir)))
-    local = calibrate()
+    local = machine_calibration()
     numeric = [f.name for f in fields(KernelCalibration) if f.type in ("float", float)]
     values = torch.tensor([getattr(local, name) for name in numeric], dtype=torch.float64)
     if all_reduce is not None:

@@ -261,3 +261,50 @@ def test_fifty_rigl_steps_through_the_fabric_match_masked_dense():
     assert dense_masks.keys() == csr_masks.keys() and len(csr_masks) == 3
     assert all(torch.equal(dense_masks[k], csr_masks[k]) for k in dense_masks)
     assert all(d.rebuilds > 1 for d in simulator.decisions(model))  # masks did change
+
+
+MEASURE = ("import json, sys; from dataclasses import asdict; import torch; "
+           "torch.set_num_threads(1); from simulator.crossover import machine_calibration; "
+           "print(json.dumps(asdict(machine_calibration())))")
+
+
+def _measure_in_processes(folder, count: int) -> list[str]:
+    """machine_calibration() in `count` fresh processes started together (each would measure
+    different costs on its own: timing)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CSX_KERNEL_CACHE": str(folder)}
+    procs = [subprocess.Popen([sys.executable, "-c", MEASURE], env=env, text=True,
+                              stdout=subprocess.PIPE) for _ in range(count)]
+    return [proc.communicate(timeout=300)[0] for proc in procs]
+
+
+def test_every_process_on_a_machine_uses_the_first_ones_measurement(tmp_path):
+    """The kernel choice (CSR and dense round differently) must not change from run to run:
+    processes started together wait for one measurement, and later ones read it."""
+    import json
+
+    together = _measure_in_processes(tmp_path, 2)
+    later = _measure_in_processes(tmp_path, 1)
+    assert together[0] == together[1] == later[0] != ""
+    [saved] = tmp_path.glob("kernel_calibration-*1t-float32-*.json")
+    assert KernelCalibration(**json.loads(saved.read_text())).threads == 1
+
+
+def test_a_damaged_or_unwritable_cache_still_gives_a_measurement(tmp_path, monkeypatch):
+    import json
+
+    from simulator import crossover
+
+    monkeypatch.setenv("CSX_KERNEL_CACHE", str(tmp_path))
+    first = crossover.machine_calibration()
+    [saved] = tmp_path.glob("kernel_calibration-*.json")
+    saved.write_text("{not json", encoding="utf-8")
+    assert crossover.machine_calibration() == first  # measured again (per process: cached)
+    assert KernelCalibration(**json.loads(saved.read_text())) == first  # and written back
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    monkeypatch.setenv("CSX_KERNEL_CACHE", str(blocker))  # not a folder: nothing is written
+    assert crossover.machine_calibration() == first

@@ -109,8 +109,8 @@ def level_lines(runs: list[dict[str, Any]], level: float) -> list[str]:
 
 
 def width_png(runs: list[dict[str, Any]], level: float, widths: list[int], path: Path) -> None:
-    """Each sparse variant's paired gap to dense and to Static (mean over the seeds both ran)
-    by width."""
+    """Each sparse variant's paired gap to dense and to Static (mean over the seeds both ran,
+    bars: the sd of the per-seed gaps) by width."""
     figure = Figure(figsize=(10, 4), dpi=100)
     panels = figure.subplots(1, 2, sharex=True)
     for axes, reference in zip(panels, ("dense", "static")):
@@ -120,10 +120,13 @@ def width_png(runs: list[dict[str, Any]], level: float, widths: list[int], path:
                 diffs, _ = paired_gap(_losses(runs, reference, level, width),
                                       _losses(runs, name, level, width))
                 if diffs:
-                    points.append((width, statistics.fmean(diffs)))
+                    spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+                    points.append((width, statistics.fmean(diffs), spread))
             if points:
+                widths_run, gaps, spreads = zip(*points)
                 # one colour per variant in both panels
-                axes.plot(*zip(*points), marker="o", label=name, color=f"C{SPARSE.index(name)}")
+                axes.errorbar(widths_run, gaps, yerr=spreads, marker="o", capsize=3, label=name,
+                              color=f"C{SPARSE.index(name)}")
         axes.axhline(0.0, color="grey", linewidth=0.8)
         axes.set_xscale("log", base=2)
         axes.set_xticks(widths, [str(w) for w in widths])
@@ -149,7 +152,7 @@ def width_lines(runs: list[dict[str, Any]], level: float, widths: list[int],
              "Depth (4 layers), heads (4), block, batch and recipe fixed; FFN 4 × width. Each "
              "cell: final validation loss, mean over the seeds that ran (count in brackets). The "
              "plot's gaps are paired: the mean of the per-seed differences over the seeds both "
-             "variants ran.", "",
+             "variants ran, with their sd as bars.", "",
              f"| variant | {header} |", "|---|" + "---|" * len(widths)]
     for name in VARIANTS:
         cells = []

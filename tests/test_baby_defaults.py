@@ -107,4 +107,6 @@ def test_the_study_rerunning_a_sweep_runs_sections_must_reproduce_it(study_runs_
     study = {"runs": [_run(None, 0, 2.108), _run(None, 1, 2.120)]}  # seed 1 differs by 0.001
     text = "\n".join(defaults_section(sweep, study))
     assert "Reproduction: 2 of the sweep's runs" in text
-    assert "the largest difference in final validation loss is 0.001." in text
+    assert "rigl: up to 0.001 apart" in text and "bit for bit" not in text
+    same = {"command": "c", "total_wall_s": 1.0, "runs": [_run(FAST, 0, 2.108)]}
+    assert "rigl: the same final loss, bit for bit." in "\n".join(defaults_section(same, study))

@@ -159,8 +159,10 @@ def base_lines(runs: list[dict[str, Any]], base: dict[str, Any], study: dict[str
         for value in sorted([*values, default], key=lambda v: (v is not None, v)):
             mark = " (the study's)" if value == now else ""
             if value == default:
+                kept = bool(base_losses)  # a base whose runs were not kept has no numbers
                 lines.append(f"| {where} | {name} | {_shown(value)} (base){mark} | "
-                             f"{fmt(list(base_losses.values()))} | {_ppl(base_losses)} | "
+                             f"{fmt(list(base_losses.values())) if kept else '—'} | "
+                             f"{_ppl(base_losses) if kept else '—'} | "
                              f"{len(base_losses)} | — | "
                              f"{'—' if base_sd is None else f'{base_sd:.3f}'} | |")
                 continue

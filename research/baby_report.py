@@ -27,6 +27,8 @@ SPARSE = VARIANTS[1:]
 # The published orderings the study checks (better first): the RigL paper and Cerebras' blog
 # put SET and RigL ahead of Static, GraNet's paper (Liu et al. 2021) GraNet ahead of RigL.
 CLAIMS = (("rigl", "static"), ("set", "static"), ("granet", "rigl"))
+# Student's t, two-sided 5% critical values by degrees of freedom (any statistics table).
+T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 NANOGPT_DENSE_LOSS = 1.88  # nanoGPT's README, the CPU "baby GPT" run on tiny Shakespeare
 BASE_WIDTH = 128  # the file's hidden_size: the level tables are at this width
 TITLE = "## The reference study at nanoGPT's baby-GPT shape (4 layers × 128)"
@@ -75,9 +77,12 @@ def claim_line(better: str, worse: str, losses: dict[str, dict[int, float]]) -> 
     else:
         verdict = f"{holds}, {'beyond' if real else 'within'} seed noise (sd {noise:.3f})"
         if len(diffs) > 1:
-            sd = statistics.stdev(diffs)
-            verdict += (f"; paired: {'beyond' if abs(statistics.fmean(diffs)) > sd else 'within'}"
-                        f" its sd")
+            sd, mean, df = statistics.stdev(diffs), statistics.fmean(diffs), len(diffs) - 1
+            verdict += f"; paired: {'beyond' if abs(mean) > sd else 'within'} its sd"
+            if sd > 0:
+                t = mean / (sd / math.sqrt(len(diffs)))
+                significant = abs(t) > T_975.get(df, 1.96)
+                verdict += f", t = {t:.1f} on {df} df (p {'<' if significant else '≥'} 0.05)"
     return f"| {better} < {worse} | {worse} − {better} {gap:+.3f} | {paired} | {verdict} |"
 
 
@@ -101,7 +106,8 @@ def level_lines(runs: list[dict[str, Any]], level: float) -> list[str]:
                      f"{to_dense} | {statistics.fmean(walls):.0f} |")
     lines += ["", "A claim holds when its gap (worse − better) is positive; the verdict is the "
               "study's rule (beyond noise when the gap exceeds the larger of the two seed sds), "
-              "with the paired gap's own mean against its sd beside it.", "",
+              "with the paired gap's own mean against its sd beside it, and its paired t "
+              "(mean / (sd / √seeds)) against Student's 5% two-sided critical value.", "",
               "| published claim | unpaired gap | paired gap, worse − better (mean ± sd) | "
               "verdict |",
               "|---|---|---|---|", *(claim_line(b, w, losses) for b, w in CLAIMS), ""]

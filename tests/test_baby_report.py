@@ -29,6 +29,9 @@ def test_a_claim_is_judged_against_seed_noise_and_says_when_there_is_none():
     beyond = claim_line("set", "static", {"set": {0: 2.00, 1: 2.01, 2: 2.02}, "static": static})
     assert "holds, beyond seed noise" in beyond
     assert "| +0.070 ± 0.017 |" in beyond  # paired: per-seed gaps 0.08, 0.05, 0.08
+    assert "t = 7.0 on 2 df (p < 0.05)" in beyond  # 0.070 / (0.017 / √3), critical 4.30
+    spread = claim_line("set", "static", {"set": {0: 2.00, 1: 2.10, 2: 2.00}, "static": static})
+    assert "t = 1.1 on 2 df (p ≥ 0.05)" in spread  # gaps 0.08, -0.04, 0.10
     assert "reversed, within seed noise" in claim_line("rigl", "static", {
         "rigl": {0: 2.09, 1: 2.07, 2: 2.11}, "static": static})
     assert "1 seed: no noise estimate" in claim_line("rigl", "static", {

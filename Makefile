@@ -23,16 +23,16 @@ install: $(STAMP)
 run: install
 	$(PY) -m workers.cli local-study --study examples/study_baby_gpt.yaml
 
-# docs/results.md: the reference study over 3 seeds, plus Sparse-Wide RigL; then the same
-# study under the Cerebras sparsity blog's protocol (examples/study_blog.yaml), compared with it;
-# then the study at nanoGPT's baby-GPT shape (examples/study_baby_gpt.yaml) at 80% and 90%, and
-# its width sweep (one seed), which leads the page. Hours on 2 cores; the baby steps resume
-# a stopped run.
+# docs/results.md: the 2 x 64 study (examples/study.yaml) over 3 seeds, plus Sparse-Wide RigL;
+# then the same study under the Cerebras sparsity blog's protocol (examples/study_blog.yaml),
+# compared with it; then the reference study at nanoGPT's baby-GPT shape
+# (examples/study_baby_gpt.yaml) at 80% and 90% over 5 seeds, and its width sweep (3 seeds),
+# which leads the page. Hours on 2 cores; the baby steps resume a stopped run.
 results: install
 	$(PY) research/study_results.py --seeds 0,1,2
 	$(PY) research/study_results.py --protocol blog --seeds 0,1,2
-	$(PY) research/study_results.py --protocol baby --seeds 0,1,2 --levels 0.8,0.9
-	$(PY) research/study_results.py --protocol baby --seeds 0 --levels 0.8 --widths 64,256
+	$(PY) research/study_results.py --protocol baby --seeds 0,1,2,3,4 --levels 0.8,0.9
+	$(PY) research/study_results.py --protocol baby --seeds 0,1,2 --levels 0.8,0.9 --widths 64,256
 
 test: install
 	$(PY) -m pytest -q -n 2 --durations=30

@@ -186,7 +186,7 @@ def baby_section(data: dict[str, Any], images: Path) -> list[str]:
     lines = [
         TITLE, "",
         "The 2 × 64 study below puts RigL last; the published results (the RigL paper, "
-        "Cerebras' blog) put it ahead of Static. This section runs the same five variants one "
+        "Cerebras' blog) put it ahead of Static. This section runs the same five variants (and RigL with the 2 × 64 study's Sinkhorn knob) one "
         "step up in scale, at nanoGPT's CPU \"baby GPT\" configuration (`examples/study_baby_gpt.yaml`"
         ": a GPT-2 block, 4 layers, 4 heads, 128 wide, block 64, batch 12, "
         f"{first['max_steps']} steps, AdamW 1e-3 with β₂ 0.99, warm-up 100 then cosine to 1e-4, "
@@ -197,10 +197,12 @@ def baby_section(data: dict[str, Any], images: Path) -> list[str]:
         "2 × 64 study's cause experiment, below). Numbers are final validation losses (ln of the perplexity, 20 batches), "
         "nanoGPT's measure.", "",
         f"Regenerate with `make results` (`research/study_results.py --protocol baby`); raw "
-        f"numbers in `research/results/study_results_baby_gpt.json`. Last run: "
-        f"`{data['command']}`: {data['total_wall_s'] / 60:.1f} min of wall time summed over "
-        "its commands (a side sweep may have run beside the main one), on 2 CPU cores shared "
-        f"with other work, two runs at a time per command, one torch thread each.{partial}", ""]
+        f"numbers in `research/results/study_results_baby_gpt.json`, with the commands that "
+        f"made them ({len(data.get('commands') or [data['command']])}, side sweeps merged with "
+        "`--merge`): "
+        f"{len(runs)} runs, {sum(r['wall_s'] for r in runs) / 3600:.1f} h of training summed "
+        f"over the runs, two at a time on 2 CPU cores (some beside other work), one torch "
+        f"thread each.{partial}", ""]
     if dense:
         values = list(dense.values())
         lines += [f"**Reproduction anchor:** dense reaches a validation loss of {fmt(values)} "

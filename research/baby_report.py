@@ -186,8 +186,9 @@ def baby_section(data: dict[str, Any], images: Path) -> list[str]:
     lines = [
         TITLE, "",
         "The 2 × 64 study below puts RigL last; the published results (the RigL paper, "
-        "Cerebras' blog) put it ahead of Static. This section runs the same five variants (and RigL with the 2 × 64 study's Sinkhorn knob) one "
-        "step up in scale, at nanoGPT's CPU \"baby GPT\" configuration (`examples/study_baby_gpt.yaml`"
+        "Cerebras' blog) put it ahead of Static. This section runs the same five variants "
+        "(and RigL with the 2 × 64 study's Sinkhorn knob) one step up in scale, at nanoGPT's "
+        "CPU \"baby GPT\" configuration (`examples/study_baby_gpt.yaml`"
         ": a GPT-2 block, 4 layers, 4 heads, 128 wide, block 64, batch 12, "
         f"{first['max_steps']} steps, AdamW 1e-3 with β₂ 0.99, warm-up 100 then cosine to 1e-4, "
         "weight decay 0.1, clip 1.0, dropout 0), on `builtin:shakespeare` bytes. Sparse "
@@ -215,8 +216,9 @@ def baby_section(data: dict[str, Any], images: Path) -> list[str]:
     lines += [f"`make run` runs this study through the service at 80%, seed 0: a run at this "
               f"shape took {min(walls):.0f}–{max(walls):.0f} s of wall time here ({len(walls)} "
               "runs, one torch thread each, two at a time), so its five variants fit `make "
-              "run`'s 10 minutes on 2 cores, install included; each of its runs is this table's "
-              "seed-0 run.", ""]
+              "run`'s 10 minutes on 2 cores, install included. Its runs are this table's seed-0 "
+              "runs (one thread each, as here), to the last bit where the fabric picks the same "
+              "kernels (docs/semantics.md).", ""]
     for level in levels:
         lines += level_lines(runs, level)
     for level in sorted({r["level"] for r in runs if r["level"] is not None}):

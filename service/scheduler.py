@@ -376,7 +376,9 @@ class Scheduler:
         # The CPUs and GPUs the holding jobs' workers take: a job whose systems are free but
         # whose CPUs are not would wait on Ray while it reads RUNNING, and Ray would let a later
         # job overtake it (a 1-system job trains on every core by default: docs/clusters.md).
-        used = [sum(parts) for parts in zip((0.0, 0.0), *map(partial(footprint, cluster), holding))]
+        used = [0.0, 0.0]
+        for held in holding:
+            used = [u + n for u, n in zip(used, footprint(cluster, held))]
         capacity = (cluster.systems * cluster.cpus_per_system, cluster.gpus)
         # Strict priority + FIFO: the head waits for its systems, CPUs and GPUs; nobody
         # overtakes it. Only the head is read, so a tick costs one indexed row however long

@@ -161,29 +161,38 @@ def machine_calibration(device: torch.device | str = "cpu", dtype: torch.dtype =
     """:func:`calibrate`, measured once per machine (CPU model, threads, dtype, kernel backend,
     torch version) and kept in ``$CSX_KERNEL_CACHE`` (default ``~/.cache/csx-sparse``), so every
     process on the machine picks the same kernels; the first to measure holds a lock while it
-    does. A GPU, or a folder that cannot be written, measures per process."""
+    does. Read once per process and setting. A GPU, or a folder that cannot be written,
+    measures per process."""
     device = torch.device(device)
     if device.type != "cpu":
         return calibrate(device, dtype, backend)
     resolved, _ = resolve_backend(backend, torch.empty(0, device=device, dtype=dtype))
-    folder = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "csx-sparse")
-    key = "-".join((_cpu_model(), f"{torch.get_num_threads()}t", str(dtype).removeprefix("torch."),
-                    resolved, f"torch{torch.__version__}"))
-    path = folder / f"kernel_calibration-{''.join(c if c.isalnum() or c in '.-' else '_' for c in key)}.json"
+    return _machine_calibration(dtype, resolved, torch.get_num_threads(),
+                                os.environ.get(CACHE_ENV, ""))
+
+
+@functools.cache
+def _machine_calibration(dtype: torch.dtype, backend: str, threads: int,
+                         folder: str) -> KernelCalibration:
+    key = "-".join((_cpu_model(), f"{threads}t", str(dtype).removeprefix("torch."), backend,
+                    f"torch{torch.__version__}"))
+    name = "".join(c if c.isalnum() or c in ".-" else "_" for c in key)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        cache = Path(folder or Path.home() / ".cache" / "csx-sparse")
+        path = cache / f"kernel_calibration-{name}.json"
+        cache.mkdir(parents=True, exist_ok=True)
         with open(path.with_suffix(".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then reads the first's
             try:
                 return KernelCalibration(**json.loads(path.read_text(encoding="utf-8")))
             except (OSError, ValueError, TypeError):
-                measured = calibrate(device, dtype, backend)
+                measured = calibrate("cpu", dtype, backend)
                 partial = path.with_suffix(f".tmp{os.getpid()}")
                 partial.write_text(json.dumps(asdict(measured)), encoding="utf-8")
                 os.replace(partial, path)
                 return measured
-    except OSError:
-        return calibrate(device, dtype, backend)
+    except (OSError, RuntimeError):  # RuntimeError: no home folder to cache in
+        return calibrate("cpu", dtype, backend)
 
 
 def _cpu_model() -> str:

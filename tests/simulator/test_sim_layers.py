@@ -287,9 +287,10 @@ def test_every_process_on_a_machine_uses_the_first_ones_measurement(tmp_path):
     import json
 
     together = _measure_in_processes(tmp_path, 2)
-    later = _measure_in_processes(tmp_path, 1)
-    assert together[0] == together[1] == later[0] != ""
+    assert together[0] == together[1] != ""
     [saved] = tmp_path.glob("kernel_calibration-*1t-float32-*.json")
+    # what a later process reads first
+    assert json.loads(saved.read_text()) == json.loads(together[0])
     assert KernelCalibration(**json.loads(saved.read_text())).threads == 1
 
 

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.rounds = 4, 1
-    # Ray Train's fastest setting measured here (DESIGN.md section 6); read by its controller.
+    # Ray Train's fastest setting measured here (docs/design.md §6); read by its controller.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
     cores = usable_cores()
     results: dict[str, Any] = {"cores": cores, "hidden": args.hidden, "steps": args.steps,

@@ -121,7 +121,7 @@ class Run:
         return statistics.median(self.times_s[part]) * 1e3
 
     def check_masked(self) -> None:
-        """DESIGN §2: weights, gradients and same-shaped optimizer state are 0 where masked."""
+        """docs/design.md §2: weights, gradients and same-shaped optimizer state are 0 where masked."""
         for name, param, mask in self.algorithm.sparse_parameters():
             tensors = [param, param.grad, *(v for v in self.optimizer.state[param].values()
                                             if torch.is_tensor(v) and v.shape == param.shape)]

@@ -181,7 +181,7 @@ def _speedup_lines(by_variant: dict[str, list[dict]], study: list[str]) -> list[
     systems = list(by_variant["dense"][0]["speedup"])
     header = "| variant | " + " | ".join(f"num_csx {n}" for n in systems) + " |"
     rule = "|---|" + "---|" * len(systems)
-    lines = ["Cost model of `simulator/cost_model.py` (DESIGN §3), from each run's final "
+    lines = ["Cost model of `simulator/cost_model.py` (docs/design.md §3), from each run's final "
              "masks, for the trained model and one 16 × 128-token step:", "", header, rule]
     for name in study:
         runs = by_variant[name]

@@ -330,7 +330,7 @@ class LocalStack:
             "CSX_MLFLOW_UI_URL": self.ui_url,
             "CSX_RUNS_DIR": str(state / "runs"),
             "CSX_CLUSTER_SIZE": str(self.systems),
-            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",  # DESIGN §6: 7 s and 0.5 GB, not 3 GB
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",  # docs/design.md §6: 7 s and 0.5 GB, not 3 GB
             "RAY_ADDRESS": f"{HOST}:{self.ray_port}",
             "RAY_AUTH_MODE": "disabled",
             "PYTHONUNBUFFERED": "1",

@@ -125,7 +125,7 @@ class MlflowUI(SupervisedChild):
                              "an MLflow server's http:// address")
         check_port_free(address.port)
         self.url = f"http://{HOST}:{address.port}"
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # DESIGN §6
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # docs/design.md §6
         argv = mlflow_ui_argv(store, store.parent / MLFLOW_ARTIFACTS, address.port)
         if access is not None:
             env |= server_env(access, store.parent)

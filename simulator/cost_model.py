@@ -1,4 +1,4 @@
-"""Weight-streaming step-time model of a Cerebras CS-2 cluster (DESIGN §3), as pure functions.
+"""Weight-streaming step-time model of a Cerebras CS-2 cluster (docs/design.md §3), as pure functions.
 
 Per layer ℓ with F_ℓ = 6·W_ℓ FLOPs per token (forward 2, backward 4), density d, T tokens per
 step over N systems, imbalance factor u_ℓ from the real mask (``simulator.placement``), and
@@ -239,7 +239,7 @@ class StepProjection:
         return sum(layer.io_ms for layer in self.per_layer)
 
     def metrics(self) -> dict[str, float]:
-        """Flat MLflow names of DESIGN §5."""
+        """Flat MLflow names of docs/design.md §5."""
         return {"perf/sim_step_ms": self.step_ms, "perf/speedup_vs_dense": self.speedup_vs_dense,
                 "perf/scaling_efficiency": self.scaling_efficiency,
                 "perf/sim_tflops": self.tflops,

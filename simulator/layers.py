@@ -88,8 +88,9 @@ class CSRLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self.register_buffer("weight_mask", mask,
-                             persistent="weight_mask" not in linear._non_persistent_buffers_set)
+        for buffer_name, buffer in linear._buffers.items():  # the mask and what tracks it
+            self.register_buffer(buffer_name, buffer,
+                                 persistent=buffer_name not in linear._non_persistent_buffers_set)
         for table in SHARED_HOOK_TABLES:
             setattr(self, table, getattr(linear, table))
         self._mask_key: tuple[int, int, int] | None = None
@@ -108,6 +109,14 @@ class CSRLinear(nn.Module):
                 optimizer.register_load_state_dict_pre_hook(
                     lambda _opt, _state: self.use_dense_weight())
         self.refresh(tokens_hint)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> CSRLinear:
+        # Moving or casting the layer (model.to("cuda"), .double()) replaces its weight and mask:
+        # the CSR structure and values built from the old ones are dropped with them, and the
+        # next forward rebuilds what the new device needs.
+        self.use_dense_weight()
+        self._structure, self._mask_key = None, None
+        return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
         kernel = self.decision.kernel if self.decision else "?"
@@ -336,13 +345,23 @@ def compile_model(model: nn.Module, algorithm: Any = None, *, kernel: KernelPoli
     options = dict(algorithm=algorithm, kernel=kernel, backend=backend, tokens_hint=tokens,
                    calibration=calibration, optimizers=() if optimizer is None else (optimizer,))
     if _is_masked_linear(model):
-        return CSRLinear(model, name="", **options)
+        return _swap(model, CSRLinear(model, name="", **options), algorithm)
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if _is_masked_linear(child):
                 full_name = f"{name}.{child_name}" if name else child_name
-                setattr(module, child_name, CSRLinear(child, name=full_name, **options))
+                setattr(module, child_name,
+                        _swap(child, CSRLinear(child, name=full_name, **options), algorithm))
     return model
+
+
+def _swap(linear: nn.Linear, layer: CSRLinear, algorithm: Any) -> CSRLinear:
+    """The algorithm reads its masks and parameters from the module that holds them: from now
+    on the CSR layer, so a later ``model.to(device)`` moves what it reads."""
+    for sp in getattr(algorithm, "sparse_params", {}).values():
+        if getattr(sp, "module", None) is linear:
+            sp.module = layer
+    return layer
 
 
 def _is_masked_linear(module: nn.Module) -> bool:

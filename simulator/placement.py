@@ -3,7 +3,7 @@
 Placement rule (an assumption, documented as such): the output rows of a layer are cut into
 contiguous blocks of ``ceil(out_features / pe_rows)`` rows, one block per PE row of the wafer;
 tokens are split evenly over the PE columns, so the column direction adds no imbalance. A PE
-row's work is its non-zeros plus ``zero_cost`` times its skipped zeros (the κ of DESIGN §3).
+row's work is its non-zeros plus ``zero_cost`` times its skipped zeros (the κ of docs/design.md §3).
 
 The imbalance factor compares the busiest PE row with the busiest PE row of a mask that spreads
 the same work perfectly evenly over the rows: ``max_g work_g / (work_fraction · max_g dense_g)``

@@ -225,7 +225,7 @@ class SparsityAlgorithm(MaskKeeper, ABC):
                 if id(param) in seen or not self._claims(name, param, module):
                     continue
                 seen.add(id(param))
-                params.append(SparseParam(name, param, module, f"{pname}_mask"))
+                params.append(SparseParam(name, module, pname))
         self._params = params
         self._before_first_mask(params)
         targets = self.layer_targets(self.step)
@@ -233,7 +233,7 @@ class SparsityAlgorithm(MaskKeeper, ABC):
             if sp.mask_name not in sp.module._buffers:  # a loaded or re-applied mask is kept
                 mask = self._initial_mask(sp, targets[sp.name])
                 sp.module.register_buffer(sp.mask_name, mask, persistent=True)
-            self.stats.track(sp.name, sp.mask)
+            self.stats.track(sp)
         self._record_targets(targets)
         self.mask_weights()
         self._hook_gradients()
@@ -257,7 +257,7 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         def fill(state_dict: dict[str, Any], prefix: str, *_args: Any) -> None:
             for sp in self._params:
                 if sp.module is module:
-                    fill_missing_mask(state_dict, prefix, sp.mask_name[: -len("_mask")], sp.mask_name, sp.mask)
+                    fill_missing_mask(state_dict, prefix, sp.param_name, sp.mask_name, sp.mask)
         return fill
 
     @torch.no_grad()
@@ -440,7 +440,7 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         Raises:
             ValueError: ``state_dict`` was saved by another algorithm.
         """
-        state = dict(state_dict)  # never mutate the caller's dict (reference bug 2)
+        state = dict(state_dict)  # never mutate the caller's dict (reference quirk 2, docs/design.md)
         expected = type(self).__name__.lower()
         if state.get("algorithm") != expected:
             raise ValueError(f"state_dict is for {state.get('algorithm')!r}, not {expected!r}")

@@ -114,7 +114,7 @@ def load_into_sparse(
     seed: int | None = None,
 ) -> dict[str, dict[str, int | None]]:
     """Loads ``state_dict`` into a model the sparsity ``algorithm`` was applied to, moving every
-    sparse parameter to the algorithm's current target (DESIGN §2, "changing sparsity across a
+    sparse parameter to the algorithm's current target (docs/design.md §2, "changing sparsity across a
     restart"). Counts are exact: ``keep_count(numel, target)`` of the layer's target.
 
     - Same level: masks and weights load as saved.

@@ -25,17 +25,27 @@ __all__ = ["SparseParam", "MaskKeeper"]
 
 @dataclass(eq=False)
 class SparseParam:
-    """A masked parameter: its name relative to the model root and the module holding the mask.
+    """A masked parameter: its name relative to the model root and the module holding it.
 
     As in cstorch, ``data`` is the parameter's tensor and ``sparse_param.mask = new_mask`` sets
     the mask (copied into the ``<param>_mask`` buffer, so the model's state_dict and every layer
-    sharing that buffer see it).
+    sharing that buffer see it). The parameter and its mask are read from the module each time,
+    never kept: ``model.to(device)`` may replace either (a conversion to ``meta``, or torch's
+    ``overwrite_module_params_on_conversion``), and what the algorithm holds must follow the
+    model to its device.
     """
 
     name: str
-    param: nn.Parameter
     module: nn.Module
-    mask_name: str
+    param_name: str
+
+    @property
+    def param(self) -> nn.Parameter:
+        return self.module._parameters[self.param_name]
+
+    @property
+    def mask_name(self) -> str:
+        return f"{self.param_name}_mask"
 
     @property
     def mask(self) -> torch.Tensor:

@@ -332,7 +332,7 @@ def drop_minimum(
     """Deactivate the ``n_drop`` lowest-scored *active* entries per group (2-D, grouped).
 
     Only active entries are eligible, so a previously pruned zero can never be kept in place of
-    an active zero (reference bug 6).
+    an active zero (reference quirk 6, docs/design.md).
     """
     dropped = _select_rows(_ranked(score), n_drop, mask, tie_breaker, largest=False)
     return dropped.logical_not_().logical_and_(mask)

@@ -168,7 +168,7 @@ class Cycling(Schedule):
 
 
 class Lambda(Schedule):
-    """Wraps a plain Python callable of the step (reference bug 4: plain functions accepted)."""
+    """Wraps a plain Python callable of the step (reference quirk 4, docs/design.md: plain functions accepted)."""
 
     def __init__(self, fn: Callable[[int], float]) -> None:
         if not callable(fn):
@@ -384,7 +384,7 @@ class AtSteps(UpdateSchedule):
 
 
 class UpdateWhen(UpdateSchedule):
-    """A plain callable ``step -> bool`` (the reference raises on these, bug 3)."""
+    """A plain callable ``step -> bool`` (the reference raises on these: reference quirk 3, docs/design.md)."""
 
     def __init__(self, fn: Callable[[int], bool]) -> None:
         self.fn = fn

@@ -1,7 +1,7 @@
 """Batched MLflow logging for a training run (rank 0 only).
 
 One `Tracker` per run attempt. Metrics are buffered and written with
-`MlflowClient.log_batch` (at most 1000 per call, DESIGN §6: 1000 single `log_metric` calls
+`MlflowClient.log_batch` (at most 1000 per call, docs/design.md §6: 1000 single `log_metric` calls
 take seconds, one batch takes 0.1 s). Mask updates become one artifact folder per update
 step: bit-packed masks, a heatmap per layer and a density histogram.
 
@@ -148,7 +148,7 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
 
 
 def run_params(spec: Mapping[str, Any], num_csx: int) -> dict[str, str]:
-    """The headline params of DESIGN §5 from a params dict, then every section flattened
+    """The headline params of docs/design.md §5 from a params dict, then every section flattened
     ("sparsity.init_sparsity", "runconfig.max_steps", "optimizer.weight_decay", ...), so
     whatever distinguishes two variants is a param the runs table can show. A learning-rate
     schedule is one line per phase (`optimizer.learning_rate.phase1`, ...) and `lr` the

@@ -28,7 +28,7 @@ class SET(DynamicSparsityAlgorithm):
     drawn from the layer's weights as they were when the algorithm was applied, shuffled).
 
     When the target level moves between updates the extra difference is dropped (or grown) in
-    the same update, so nnz equals the scheduled target after every update (reference bug 5).
+    the same update, so nnz equals the scheduled target after every update (reference quirk 5, docs/design.md).
 
     Args:
         sparsity: As for [`SparsityAlgorithm`][sparsity.SparsityAlgorithm].

@@ -69,7 +69,7 @@ STUDY = {
                       "num_csx": 2},
     },
 }
-# DESIGN §4: the path of a job that runs to the end, first event written on submission.
+# docs/design.md §4: the path of a job that runs to the end, first event written on submission.
 SUCCESS_PATH = [(None, "QUEUED"), ("QUEUED", "VALIDATING"), ("VALIDATING", "PROVISIONING"),
                 ("PROVISIONING", "RUNNING"), ("RUNNING", "SUCCEEDED")]
 SYSTEMS = 4  # the compose file's ray-worker replicas, one csx each: both variants fit at once

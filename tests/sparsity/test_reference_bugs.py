@@ -1,4 +1,4 @@
-"""One test per cstorch 2.10 bug listed in DESIGN §2; each fails on the reference behaviour."""
+"""One test per cstorch 2.10 bug listed in docs/design.md §2; each fails on the reference behaviour."""
 
 import math
 

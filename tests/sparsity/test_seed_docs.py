@@ -4,7 +4,7 @@ written, with ``sparsity`` in place of ``cstorch.sparse`` and ``sparsity.optim``
 
 The docs call the algorithm ``sparsity``, which would shadow the module here; it is ``alg`` below.
 One deliberate difference: the guide's ``Static(sparsity=0.3)`` zeroes 30% of *every* parameter,
-while our classes take the default filter unless given ``param_filter`` (DESIGN.md §2); both are
+while our classes take the default filter unless given ``param_filter`` (docs/design.md §2); both are
 checked.
 """
 

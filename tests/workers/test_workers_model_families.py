@@ -374,7 +374,7 @@ def test_plan_counts_the_flops_of_the_experts_each_token_visits():
 
 
 def test_plan_and_training_project_the_cs2_step_of_the_experts_each_token_visits():
-    """DESIGN §3's step, written out for a dense MoE (4 experts, top 2) on one system: a routed
+    """docs/design.md §3's step, written out for a dense MoE (4 experts, top 2) on one system: a routed
     expert computes on half the tokens but streams all its weights; the training loop's
     projection of the built model agrees with the plan's. 4M tokens a step make the experts
     compute-bound, so counting all the tokens would cost a third more."""

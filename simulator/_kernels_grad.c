@@ -1,0 +1,167 @@
+/* Weight-gradient kernels of simulator/_kernels.c (included there, after DEFINE_KERNELS, whose
+ * vector types, transpose and tile writer they use):
+ *
+ *   sddmm:    vals[k] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j] for each non-zero k (of row r,
+ *             column cols[k]): the weight gradient as values in CSR order; on request also the
+ *             dense gradient, G[r, cols[k]] = vals[k] and 0 elsewhere in row r.
+ *   backward: dX and the weight gradient in one pass over W^T's CSR (a kernel variant, issue 46).
+ *             For row c of W^T (input feature c) and each of its non-zeros j (output r = cols_t[j],
+ *             weight w_j), the upstream gradient's tile Gb[b, r, :] is loaded once and used twice:
+ *                 dX[b*BLOCK + t, c] += w_j * Gb[b, r, t]          (dX = dY W, as spmm over W^T)
+ *                 dW_t[j] += sum_t Gb[b, r, t] * Xb[b, c, t]       (Xb[b, c, :] held in registers)
+ *             so the backward streams the upstream gradient's tiles from L2 once where the split
+ *             form (spmm over W^T, then sddmm) streams them and the activations' tiles. dW_t is
+ *             summed in W^T's order (each thread's stretch contiguous) and scattered to W's order
+ *             at the end. Measured against the split form on an AVX-512 Xeon (1 thread, 512
+ *             tokens, 90% sparse): 1.2x at 1024 x 1024, 2.5x at 1024 x 4096 (the split sddmm
+ *             streams 4 activation blocks of 1 MiB each), but 0.9x at 4096 x 1024 with the
+ *             weight gradient summed in W's order (scattered sums, 1.7 MiB): hence W^T's order.
+ *             Which form a shape runs is measured per machine (simulator.crossover).
+ */
+
+#define DEFINE_GRAD_KERNELS(T, S, I)                                                              \
+    /* One row's gradient for GROUP blocks (GROUP * VECS vectors) stays in registers while each  \
+     * of the row's non-zeros streams its activation tile past it: one load per FMA and one      \
+     * horizontal reduction per GROUP * VECS FMAs. */                                             \
+    static inline __attribute__((always_inline)) void sddmm_rows_##S(                             \
+        const work_t *w, int64_t b0, int group, T *out) {                                         \
+        const int64_t n = w->features, m = w->rows;                                               \
+        const T *gsrc = (const T *)w->grad, *xsrc = (const T *)w->src;                            \
+        for (int64_t r = w->begin; r < w->end; r++) {                                             \
+            const int32_t kbegin = w->indptr[r], kend = w->indptr[r + 1];                         \
+            if (kbegin == kend) continue;                                                         \
+            vec_##S g[SDDMM_VECS_##S];                                                            \
+            for (int i = 0; i < group * VECS_##S; i++)                                            \
+                g[i] = ((const vec_##S *)(gsrc + ((b0 + i / VECS_##S) * m + r) * BLOCK))          \
+                    [i % VECS_##S];                                                               \
+            for (int32_t k = kbegin; k < kend; k++) {                                             \
+                const T *x = xsrc + (b0 * n + w->cols[k]) * BLOCK;                                \
+                vec_##S acc[SDDMM_ACCS] = {{0}};                                                  \
+                for (int i = 0; i < group * VECS_##S; i++)                                        \
+                    acc[i % SDDMM_ACCS] += g[i] *                                                 \
+                        ((const vec_##S *)(x + (i / VECS_##S) * n * BLOCK))[i % VECS_##S];        \
+                for (int a = 1; a < SDDMM_ACCS; a++) acc[0] += acc[a];                            \
+                out[k] += HSUM_##S(acc[0]);                                                       \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* Rows [begin, end) of the dense gradient [rows, features] (w->dense): zeroed, then the      \
+     * row's values (w->out, CSR order) scattered in. */                                          \
+    static void dense_rows_worker_##S(const work_t *w) {                                          \
+        const int64_t n = w->features;                                                            \
+        const T *sums = (const T *)w->out;                                                        \
+        T *grad = (T *)w->dense;                                                                  \
+        for (int64_t r = w->begin; r < w->end; r++) {                                             \
+            T *row = grad + r * n;                                                                \
+            for (int64_t c = 0; c < n; c++) row[c] = 0;                                           \
+            for (int32_t k = w->indptr[r]; k < w->indptr[r + 1]; k++) row[w->cols[k]] = sums[k];  \
+        }                                                                                         \
+    }                                                                                             \
+                                                                                                  \
+    /* The sums accumulate over the token groups in the output values themselves: CSR order, so  \
+     * each thread's rows own one contiguous, L2-sized stretch of them (summing in a dense        \
+     * gradient instead touched a scattered cache line per non-zero and group, measured 1.5x     \
+     * slower at 4096 x 1024 and 2048 tokens). Only when a dense gradient is asked for does a    \
+     * second pass write its rows, by the same thread while its sums are still in cache. */      \
+    static void sddmm_worker_##S(const work_t *w) {                                               \
+        T *sums = (T *)w->out;                                                                    \
+        for (int64_t k = w->indptr[w->begin]; k < w->indptr[w->end]; k++) sums[k] = 0;            \
+        int64_t b0 = 0;                                                                           \
+        for (; b0 + SDDMM_GROUP_##S <= w->blocks; b0 += SDDMM_GROUP_##S)                          \
+            sddmm_rows_##S(w, b0, SDDMM_GROUP_##S, sums);                                         \
+        for (; b0 < w->blocks; b0++) sddmm_rows_##S(w, b0, 1, sums);                              \
+        if (w->dense) dense_rows_worker_##S(w);                                                   \
+    }                                                                                             \
+                                                                                                  \
+    void csx_sddmm_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,                 \
+                       int64_t features, const T *gb, const T *xb, int64_t blocks, T *vals,       \
+                       T *dense, int threads) {                                                   \
+        const work_t proto = {.indptr = indptr, .cols = cols, .src = xb, .grad = gb,              \
+                              .out = vals, .dense = dense, .features = features,                  \
+                              .blocks = blocks, .rows = rows};                                    \
+        run_threads(sddmm_worker_##S, &proto, indptr, rows, threads);                             \
+    }                                                                                             \
+                                                                                                  \
+    /* The dense gradient [rows, features] holding `vals` (CSR order) at the pattern's non-zeros  \
+     * and 0 elsewhere, rows split by non-zeros. */                                               \
+    void csx_dense_rows_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,            \
+                            int64_t features, const T *vals, T *dense, int threads) {            \
+        const work_t proto = {.indptr = indptr, .cols = cols, .out = (void *)vals,                \
+                              .dense = dense, .features = features, .rows = rows};                \
+        run_threads(dense_rows_worker_##S, &proto, indptr, rows, threads);                        \
+    }                                                                                             \
+                                                                                                  \
+    /* One non-zero j of W^T in one token block: its upstream tile g (from gb) into the dX      \
+     * accumulators dx_acc, and g . x (the row's activation tile) into sums[j]. */               \
+    static inline __attribute__((always_inline)) void backward_nz_##S(                            \
+        const work_t *w, const T *gb, int32_t j, const vec_##S *x, vec_##S *dx_acc, T *sums) {    \
+        const vec_##S *g = (const vec_##S *)(gb + (int64_t)w->cols[j] * BLOCK);                   \
+        const T v = ((const T *)w->vals)[j];                                                      \
+        vec_##S acc[SDDMM_ACCS] = {{0}};                                                          \
+        for (int q = 0; q < VECS_##S; q++) {                                                      \
+            dx_acc[q] += v * g[q];                                                                \
+            acc[q % SDDMM_ACCS] += g[q] * x[q];                                                   \
+        }                                                                                         \
+        for (int s = 1; s < SDDMM_ACCS; s++) acc[0] += acc[s];                                    \
+        sums[j] += HSUM_##S(acc[0]);                                                              \
+    }                                                                                             \
+                                                                                                  \
+    /* Rows [begin, end) of W^T, every token block: LANES rows at a time, each row's activation  \
+     * tile in registers while its non-zeros stream their upstream tiles past it; dX rows go     \
+     * through an L1 tile and write_tile, as spmm's output does. dX sums a non-zero at a time in \
+     * two alternating accumulator sets (even and odd positions of the row, as spmm), dW_t a     \
+     * token block at a time. */                                                                 \
+    static void backward_worker_##S(const work_t *w) {                                            \
+        const int64_t n = w->rows, m = w->features; /* W^T is [n, m] */                           \
+        T *dx = (T *)w->out, *sums = (T *)w->dense;                                               \
+        const int32_t first = w->indptr[w->begin], last = w->indptr[w->end];                      \
+        for (int32_t j = first; j < last; j++) sums[j] = 0;                                       \
+        vec_##S tile[LANES_##S][VECS_##S];                                                        \
+        for (int64_t b = 0; b < w->blocks; b++) {                                                 \
+            const T *xb = (const T *)w->src + b * n * BLOCK;                                      \
+            const T *gb = (const T *)w->grad + b * m * BLOCK;                                     \
+            const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
+            for (int64_t c0 = w->begin; c0 < w->end; c0 += LANES_##S) {                           \
+                const int64_t c1 = c0 + LANES_##S < w->end ? c0 + LANES_##S : w->end;             \
+                for (int64_t c = c0; c < c1; c++) {                                               \
+                    vec_##S x[VECS_##S], a[VECS_##S], e[VECS_##S];                                \
+                    for (int q = 0; q < VECS_##S; q++) {                                          \
+                        x[q] = ((const vec_##S *)(xb + c * BLOCK))[q];                            \
+                        a[q] = (vec_##S){0};                                                      \
+                        e[q] = (vec_##S){0};                                                      \
+                    }                                                                             \
+                    int32_t j = w->indptr[c];                                                     \
+                    const int32_t end = w->indptr[c + 1];                                         \
+                    for (; j + 1 < end; j += 2) {                                                 \
+                        backward_nz_##S(w, gb, j, x, a, sums);                                    \
+                        backward_nz_##S(w, gb, j + 1, x, e, sums);                                \
+                    }                                                                             \
+                    if (j < end) backward_nz_##S(w, gb, j, x, a, sums);                           \
+                    for (int q = 0; q < VECS_##S; q++) tile[c - c0][q] = a[q] + e[q];             \
+                }                                                                                 \
+                write_tile_##S(tile, c0, c1, b, valid, n, dx, w->stream);                         \
+            }                                                                                     \
+        }                                                                                         \
+        if (w->stream) STREAM_FENCE();                                                            \
+        T *grad_values = (T *)w->grad_values;                                                     \
+        for (int32_t j = first; j < last; j++) grad_values[w->order[j]] = sums[j];                \
+    }                                                                                             \
+                                                                                                  \
+    /* dX [tokens, n] and the weight gradient (values in W's CSR order, `grad_values`) from the   \
+     * CSR of W^T (indptr_t, cols_t, its values vals_t, order = W^T's position -> W's), the      \
+     * packed upstream gradient gb [blocks, m, BLOCK] and packed activations xb [blocks, n,      \
+     * BLOCK]; `scratch` holds nnz sums in W^T's order. Rows of W^T split by non-zeros: each     \
+     * thread owns its dX columns and its non-zeros, so every thread count gives the same bits.  \
+     */                                                                                           \
+    void csx_backward_##S(const int32_t *indptr_t, const int32_t *cols_t, const T *vals_t,       \
+                          const int64_t *order, int64_t n, int64_t m, const T *gb, const T *xb,   \
+                          int64_t tokens, T *dx, T *scratch, T *grad_values, int threads,         \
+                          int stream) {                                                           \
+        const work_t proto = {.indptr = indptr_t, .cols = cols_t, .vals = vals_t, .src = xb,      \
+                              .grad = gb, .out = dx, .dense = scratch,                            \
+                              .grad_values = grad_values, .order = order, .features = m,          \
+                              .blocks = (tokens + BLOCK - 1) / BLOCK, .tokens = tokens,           \
+                              .rows = n, .stream = streams_##S(stream, dx, n, tokens)};           \
+        run_threads(backward_worker_##S, &proto, indptr_t, n, threads);                           \
+    }

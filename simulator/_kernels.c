@@ -37,6 +37,15 @@
 #include <stdlib.h>
 
 #define MAX_THREADS 64
+/* The threads of an OpenMP parallel region (one without OpenMP). */
+#ifdef _OPENMP
+#include <omp.h>
+#define TEAM_SIZE() omp_get_num_threads()
+#define TEAM_MEMBER() omp_get_thread_num()
+#else
+#define TEAM_SIZE() 1
+#define TEAM_MEMBER() 0
+#endif
 #define BLOCK 64         /* tokens per block; exported as csx_block_tokens() */
 /* One vector register where the compiler targets AVX-512, else 32 bytes (one AVX2 register, two
  * SSE/NEON ones): a vector wider than the machine's registers makes GCC split it and spill the
@@ -280,15 +289,18 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
     /* LANES token rows at a time (outer) across all features (inner): LANES rows are read    \
      * sequentially, which the hardware prefetchers follow. Features outer read one line from  \
      * each of the block's 64 rows per step (64 streams) and measured 1.25-1.35x slower. */    \
+    /* Blocks [begin, end) of x, features [f_begin, f_end) (f_begin a multiple of LANES), into    \
+     * xb at block index b - skip (skip > 0: into a buffer holding fewer blocks). */               \
     static void pack_blocks_##S(const T *x, int64_t tokens, int64_t n, int64_t begin,             \
-                                int64_t end, T *xb, T *sums) {                                    \
+                                int64_t end, int64_t f_begin, int64_t f_end, int64_t skip, T *xb, \
+                                T *sums) {                                                        \
         for (int64_t b = begin; b < end; b++) {                                                   \
-            T *dst = xb + b * n * BLOCK;                                                          \
+            T *dst = xb + (b - skip) * n * BLOCK;                                                 \
             const T *src = x + b * BLOCK * n;                                                     \
             const int64_t valid = tokens - b * BLOCK < BLOCK ? tokens - b * BLOCK : BLOCK;        \
             for (int64_t j0 = 0; j0 < BLOCK; j0 += LANES_##S) {                                   \
-                for (int64_t c0 = 0; c0 < n; c0 += LANES_##S) {                                   \
-                    const int64_t c1 = c0 + LANES_##S < n ? c0 + LANES_##S : n;                   \
+                for (int64_t c0 = f_begin; c0 < f_end; c0 += LANES_##S) {                         \
+                    const int64_t c1 = c0 + LANES_##S < f_end ? c0 + LANES_##S : f_end;           \
                     if (c1 - c0 == LANES_##S && j0 + LANES_##S <= valid) {                        \
                         vec_##S v[LANES_##S];                                                     \
                         for (int j = 0; j < LANES_##S; j++)                                       \
@@ -322,8 +334,8 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
     }                                                                                             \
                                                                                                   \
     static void pack_worker_##S(const work_t *w) {                                                \
-        pack_blocks_##S((const T *)w->src, w->tokens, w->features, w->begin, w->end,              \
-                        (T *)w->out, thread_sums_##S(w));                                         \
+        pack_blocks_##S((const T *)w->src, w->tokens, w->features, w->begin, w->end, 0,           \
+                        w->features, 0, (T *)w->out, thread_sums_##S(w));                         \
     }                                                                                             \
                                                                                                   \
     /* sums = the threads' partial sums added in thread order (what pack returns). */             \
@@ -384,8 +396,8 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
         T *sums = w->unpacked ? thread_sums_##S(w) : 0;                                           \
         for (int64_t b = block_begin; b < block_end; b++) {                                       \
             if (w->unpacked) /* by_blocks: this thread packs the blocks it reads */               \
-                pack_blocks_##S((const T *)w->unpacked, w->tokens, n, b, b + 1, (T *)w->src,      \
-                                sums);                                                            \
+                pack_blocks_##S((const T *)w->unpacked, w->tokens, n, b, b + 1, 0, n, 0,          \
+                                (T *)w->src, sums);                                               \
             const T *xb = (const T *)w->src + b * n * BLOCK;                                      \
             const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
             for (int64_t r0 = row_begin; r0 < row_end; r0 += LANES_##S) {                        \

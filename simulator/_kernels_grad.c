@@ -107,61 +107,89 @@
         sums[j] += HSUM_##S(acc[0]);                                                              \
     }                                                                                             \
                                                                                                   \
-    /* Rows [begin, end) of W^T, every token block: LANES rows at a time, each row's activation  \
-     * tile in registers while its non-zeros stream their upstream tiles past it; dX rows go     \
-     * through an L1 tile and write_tile, as spmm's output does. dX sums a non-zero at a time in \
-     * two alternating accumulator sets (even and odd positions of the row, as spmm), dW_t a     \
-     * token block at a time. */                                                                 \
-    static void backward_worker_##S(const work_t *w) {                                            \
-        const int64_t n = w->rows, m = w->features; /* W^T is [n, m] */                           \
-        T *dx = (T *)w->out, *sums = (T *)w->dense;                                               \
-        const int32_t first = w->indptr[w->begin], last = w->indptr[w->end];                      \
-        for (int32_t j = first; j < last; j++) sums[j] = 0;                                       \
+    /* Rows [begin, end) of W^T in token block b, with the block's upstream gradient packed in   \
+     * gb: LANES rows at a time, each row's activation tile in registers while its non-zeros     \
+     * stream their upstream tiles past it; dX rows go through an L1 tile and write_tile, as     \
+     * spmm's output does. dX sums a row's non-zeros in two alternating accumulator sets (even   \
+     * and odd positions of the row, as spmm), sums[j] a token block at a time. */              \
+    static void backward_block_##S(const work_t *w, int64_t b, const T *gb) {                     \
+        const int64_t n = w->rows; /* W^T is [n, features] */                                     \
+        T *sums = (T *)w->dense;                                                                  \
+        const T *xb = (const T *)w->src + b * n * BLOCK;                                          \
+        const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;      \
         vec_##S tile[LANES_##S][VECS_##S];                                                        \
-        for (int64_t b = 0; b < w->blocks; b++) {                                                 \
-            const T *xb = (const T *)w->src + b * n * BLOCK;                                      \
-            const T *gb = (const T *)w->grad + b * m * BLOCK;                                     \
-            const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
-            for (int64_t c0 = w->begin; c0 < w->end; c0 += LANES_##S) {                           \
-                const int64_t c1 = c0 + LANES_##S < w->end ? c0 + LANES_##S : w->end;             \
-                for (int64_t c = c0; c < c1; c++) {                                               \
-                    vec_##S x[VECS_##S], a[VECS_##S], e[VECS_##S];                                \
-                    for (int q = 0; q < VECS_##S; q++) {                                          \
-                        x[q] = ((const vec_##S *)(xb + c * BLOCK))[q];                            \
-                        a[q] = (vec_##S){0};                                                      \
-                        e[q] = (vec_##S){0};                                                      \
-                    }                                                                             \
-                    int32_t j = w->indptr[c];                                                     \
-                    const int32_t end = w->indptr[c + 1];                                         \
-                    for (; j + 1 < end; j += 2) {                                                 \
-                        backward_nz_##S(w, gb, j, x, a, sums);                                    \
-                        backward_nz_##S(w, gb, j + 1, x, e, sums);                                \
-                    }                                                                             \
-                    if (j < end) backward_nz_##S(w, gb, j, x, a, sums);                           \
-                    for (int q = 0; q < VECS_##S; q++) tile[c - c0][q] = a[q] + e[q];             \
+        for (int64_t c0 = w->begin; c0 < w->end; c0 += LANES_##S) {                               \
+            const int64_t c1 = c0 + LANES_##S < w->end ? c0 + LANES_##S : w->end;                 \
+            for (int64_t c = c0; c < c1; c++) {                                                   \
+                vec_##S x[VECS_##S], a[VECS_##S], e[VECS_##S];                                    \
+                for (int q = 0; q < VECS_##S; q++) {                                              \
+                    x[q] = ((const vec_##S *)(xb + c * BLOCK))[q];                                \
+                    a[q] = (vec_##S){0};                                                          \
+                    e[q] = (vec_##S){0};                                                          \
                 }                                                                                 \
-                write_tile_##S(tile, c0, c1, b, valid, n, dx, w->stream);                         \
+                int32_t j = w->indptr[c];                                                         \
+                const int32_t end = w->indptr[c + 1];                                             \
+                for (; j + 1 < end; j += 2) {                                                     \
+                    backward_nz_##S(w, gb, j, x, a, sums);                                        \
+                    backward_nz_##S(w, gb, j + 1, x, e, sums);                                    \
+                }                                                                                 \
+                if (j < end) backward_nz_##S(w, gb, j, x, a, sums);                               \
+                for (int q = 0; q < VECS_##S; q++) tile[c - c0][q] = a[q] + e[q];                 \
             }                                                                                     \
+            write_tile_##S(tile, c0, c1, b, valid, n, (T *)w->out, w->stream);                    \
         }                                                                                         \
-        if (w->stream) STREAM_FENCE();                                                            \
-        T *grad_values = (T *)w->grad_values;                                                     \
-        for (int32_t j = first; j < last; j++) grad_values[w->order[j]] = sums[j];                \
     }                                                                                             \
                                                                                                   \
     /* dX [tokens, n] and the weight gradient (values in W's CSR order, `grad_values`) from the   \
      * CSR of W^T (indptr_t, cols_t, its values vals_t, order = W^T's position -> W's), the      \
-     * packed upstream gradient gb [blocks, m, BLOCK] and packed activations xb [blocks, n,      \
-     * BLOCK]; `scratch` holds nnz sums in W^T's order. Rows of W^T split by non-zeros: each     \
-     * thread owns its dX columns and its non-zeros, so every thread count gives the same bits.  \
-     */                                                                                           \
+     * token-major upstream gradient g [tokens, m] and the packed activations xb [blocks, n,     \
+     * BLOCK]; with bias_sums, also g's column sums (the bias gradient). `scratch` holds nnz     \
+     * sums in W^T's order, `buffers` two packed blocks of g: the threads pack block b together  \
+     * (each its share of g's features) while no one reads it, wait for each other once, and    \
+     * compute their rows of block b while the next block is packed into the other buffer, so   \
+     * the packed upstream gradient never leaves L2. Rows of W^T are split by non-zeros and     \
+     * every feature's sum has one owner, so every thread count gives the same bits. */          \
     void csx_backward_##S(const int32_t *indptr_t, const int32_t *cols_t, const T *vals_t,       \
-                          const int64_t *order, int64_t n, int64_t m, const T *gb, const T *xb,   \
-                          int64_t tokens, T *dx, T *scratch, T *grad_values, int threads,         \
-                          int stream) {                                                           \
-        const work_t proto = {.indptr = indptr_t, .cols = cols_t, .vals = vals_t, .src = xb,      \
-                              .grad = gb, .out = dx, .dense = scratch,                            \
-                              .grad_values = grad_values, .order = order, .features = m,          \
-                              .blocks = (tokens + BLOCK - 1) / BLOCK, .tokens = tokens,           \
-                              .rows = n, .stream = streams_##S(stream, dx, n, tokens)};           \
-        run_threads(backward_worker_##S, &proto, indptr_t, n, threads);                           \
+                          const int64_t *order, int64_t n, int64_t m, const T *g, T *bias_sums,   \
+                          const T *xb, int64_t tokens, T *dx, T *scratch, T *grad_values,         \
+                          T *buffers, int threads, int stream) {                                  \
+        if (threads > MAX_THREADS) threads = MAX_THREADS;                                         \
+        if (threads > n) threads = (int)n;                                                        \
+        if (threads < 1) threads = 1;                                                             \
+        const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
+        const int64_t vectors = (m + LANES_##S - 1) / LANES_##S; /* g's features, in vectors */  \
+        int64_t rows[MAX_THREADS + 1];                                                            \
+        split(indptr_t, n, threads, rows);                                                        \
+        work_t work[MAX_THREADS];                                                                 \
+        for (int i = 0; i < threads; i++)                                                         \
+            work[i] = (work_t){.indptr = indptr_t, .cols = cols_t, .vals = vals_t, .src = xb,     \
+                               .out = dx, .dense = scratch, .features = m, .begin = rows[i],      \
+                               .end = rows[i + 1], .tokens = tokens, .rows = n, .thread = i,      \
+                               .stream = streams_##S(stream, dx, n, tokens)};                     \
+        _Pragma("omp parallel num_threads(threads)") {                                            \
+            const int team = TEAM_SIZE(), id = TEAM_MEMBER(); /* 1 and 0 without OpenMP */      \
+            for (int i = id; i < threads; i += team) {                                            \
+                for (int32_t j = indptr_t[rows[i]]; j < indptr_t[rows[i + 1]]; j++)               \
+                    scratch[j] = 0;                                                               \
+                const int64_t f0 = vectors * i / threads * LANES_##S;                             \
+                const int64_t f1 = vectors * (i + 1) / threads * LANES_##S;                       \
+                for (int64_t c = f0; bias_sums && c < f1 && c < m; c++) bias_sums[c] = 0;         \
+            }                                                                                     \
+            for (int64_t b = 0; b < blocks; b++) {                                                \
+                T *gb = buffers + (b % 2) * m * BLOCK;                                            \
+                for (int i = id; i < threads; i += team) {                                        \
+                    const int64_t f0 = vectors * i / threads * LANES_##S;                         \
+                    const int64_t f1 = vectors * (i + 1) / threads * LANES_##S;                   \
+                    pack_blocks_##S(g, tokens, m, b, b + 1, f0, f1 < m ? f1 : m, b, gb,           \
+                                    bias_sums);                                                   \
+                }                                                                                 \
+                _Pragma("omp barrier")                                                            \
+                for (int i = id; i < threads; i += team) backward_block_##S(&work[i], b, gb);     \
+            }                                                                                     \
+            for (int i = id; i < threads; i += team) {                                            \
+                if (work[i].stream) STREAM_FENCE();                                               \
+                for (int32_t j = indptr_t[rows[i]]; j < indptr_t[rows[i + 1]]; j++)               \
+                    grad_values[order[j]] = scratch[j];                                           \
+            }                                                                                     \
+        }                                                                                         \
     }

@@ -264,11 +264,9 @@ def native_fused_backward(kernels: KernelLibrary, structure: CSRStructure, vals:
     """dX and the sampled weight gradient in one pass over the CSR of Wᵀ (the "fused"
     variant): (dX, the weight gradient as values in CSR order zero padded to `length`, or with
     dense=True the dense dW, 0 off the mask; with column_sums=True dY's column sums)."""
-    packed = kernels.pack(grad_y, column_sums=column_sums)
-    packed_grad, sums = packed if column_sums else (packed, None)
-    grad_x, grad_values = kernels.backward(
+    grad_x, grad_values, sums = kernels.backward(
         structure.indptr_t, structure.cols_t, kernels.gather(vals, structure.transpose_order),
-        structure.transpose_order, packed_grad, packed_x, grad_y.shape[0],
+        structure.transpose_order, grad_y, packed_x, column_sums=column_sums,
         length=None if dense else length, stream=variant.stream)
     if dense:
         return grad_x, kernels.dense_rows(structure.indptr, structure.cols, structure.shape[1],

@@ -193,7 +193,7 @@ class KernelLibrary:
             getattr(self._lib, f"csx_dense_rows_{suffix}").argtypes = [
                 ptr, ptr, i64, i64, ptr, ptr, i32]
             getattr(self._lib, f"csx_backward_{suffix}").argtypes = [
-                ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, i32, i32]
+                ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32, i32]
 
     @staticmethod
     def threads_for(work: int) -> int:
@@ -335,29 +335,33 @@ class KernelLibrary:
         return dense
 
     def backward(self, indptr_t: torch.Tensor, cols_t: torch.Tensor, vals_t: torch.Tensor,
-                 transpose_order: torch.Tensor, packed_grad: torch.Tensor,
-                 packed_x: torch.Tensor, tokens: int, length: int | None = None,
+                 transpose_order: torch.Tensor, grad_y: torch.Tensor, packed_x: torch.Tensor,
+                 column_sums: bool = False, length: int | None = None,
                  threads: int | None = None, stream: bool = True
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The fused backward over the CSR of Wᵀ (indptr_t, cols_t, its values vals_t;
-        `transpose_order` maps its non-zeros to W's CSR order): (dX [tokens, in_features], the
-        weight gradient as values in W's CSR order, zero padded to `length`), from dY and X
-        packed by :meth:`pack`; the same sums as :meth:`spmm` over Wᵀ and :meth:`sddmm`, each
-        upstream tile loaded once for both."""
-        in_features, out_features = indptr_t.numel() - 1, packed_grad.shape[1]
-        nnz, dtype = cols_t.numel(), packed_x.dtype
+        `transpose_order` maps its non-zeros to W's CSR order), for the upstream gradient
+        grad_y [tokens, out_features] and X packed by :meth:`pack`: (dX [tokens, in_features],
+        the weight gradient as values in W's CSR order zero padded to `length`, with
+        column_sums=True grad_y's column sums (the bias gradient), else None). The same
+        products as :meth:`spmm` over Wᵀ and :meth:`sddmm`, each upstream tile loaded once for
+        both; grad_y is packed a block at a time inside the call."""
+        tokens, out_features = grad_y.shape
+        in_features, nnz, dtype = indptr_t.numel() - 1, cols_t.numel(), packed_x.dtype
         grad_x = self.pool.take((tokens, in_features), dtype)
         grad_values = self.pool.take((length or nnz,), dtype)
         grad_values[nnz:].zero_()
         scratch = self.pool.take((nnz,), dtype)
+        buffers = self.pool.take((2, out_features, self.block_tokens), dtype)
+        sums = self.pool.take((out_features,), dtype) if column_sums else None
         self._fn("backward", dtype)(
             indptr_t.data_ptr(), cols_t.data_ptr(), vals_t.data_ptr(),
-            transpose_order.data_ptr(), in_features, out_features, packed_grad.data_ptr(),
-            packed_x.data_ptr(), tokens, grad_x.data_ptr(), scratch.data_ptr(),
-            grad_values.data_ptr(),
+            transpose_order.data_ptr(), in_features, out_features, grad_y.data_ptr(),
+            None if sums is None else sums.data_ptr(), packed_x.data_ptr(), tokens,
+            grad_x.data_ptr(), scratch.data_ptr(), grad_values.data_ptr(), buffers.data_ptr(),
             threads or self.threads_for(2 * nnz * packed_x.shape[0] * self.block_tokens),
             int(stream))
-        return grad_x, grad_values
+        return grad_x, grad_values, sums
 
 
 def _prefix_sum(counts: torch.Tensor) -> torch.Tensor:

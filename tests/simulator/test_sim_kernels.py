@@ -90,12 +90,11 @@ def test_kernels_match_dense_products_for_any_thread_split(p):
     assert torch.equal(grad_values, grad_w.view(-1)[s.flat_index]), "the same sums, CSR order"
 
 
-def fused_backward(kernels, s, vals, grad_y, x, threads, length=None):
-    """dX and the weight gradient values by the fused backward kernel."""
+def fused_backward(kernels, s, vals, grad_y, x, threads, length=None, stream=True):
+    """dX, the weight gradient values and grad_y's column sums by the fused backward kernel."""
     return kernels.backward(s.indptr_t, s.cols_t, kernels.gather(vals, s.transpose_order),
-                            s.transpose_order, kernels.pack(grad_y, threads=threads),
-                            kernels.pack(x, threads=threads), x.shape[0], length=length,
-                            threads=threads)
+                            s.transpose_order, grad_y, kernels.pack(x, threads=threads),
+                            column_sums=True, length=length, threads=threads, stream=stream)
 
 
 @settings(max_examples=60, deadline=None)
@@ -106,13 +105,14 @@ def test_fused_backward_gives_the_dense_products_for_any_thread_split(p, padding
     mask, weight, x, grad_y, _ = build(p)
     s = CSRStructure.from_mask(mask)
     vals = KERNELS.gather(weight, s.flat_index)
-    grad_x, grad_values = fused_backward(KERNELS, s, vals, grad_y, x, p["threads"],
-                                         length=s.nnz + padding)
+    grad_x, grad_values, sums = fused_backward(KERNELS, s, vals, grad_y, x, p["threads"],
+                                               length=s.nnz + padding)
     torch.testing.assert_close(grad_x, grad_y @ weight, **tolerance(p["dtype"]))
     expected = (grad_y.t() @ x) * mask
     torch.testing.assert_close(grad_values[:s.nnz], expected.view(-1)[s.flat_index],
                                **tolerance(p["dtype"]))
     assert not grad_values[s.nnz:].any(), "the padding is 0"
+    torch.testing.assert_close(sums, grad_y.sum(0), **tolerance(p["dtype"]))
     dense = KERNELS.dense_rows(s.indptr, s.cols, s.shape[1], grad_values, threads=p["threads"])
     assert torch.equal(dense.view(-1)[s.flat_index], grad_values[:s.nnz])
     assert not dense[~mask].any()
@@ -121,14 +121,16 @@ def test_fused_backward_gives_the_dense_products_for_any_thread_split(p, padding
 @settings(max_examples=30, deadline=None)
 @given(problems)
 def test_fused_backward_is_bitwise_the_same_for_every_thread_split(p):
-    """Rows of Wᵀ split by non-zeros: each thread owns its dX columns and its weight gradient
-    entries, summed in the same order whoever computes them."""
+    """Rows of Wᵀ split by non-zeros, features of dY (packed inside, with their sums) split
+    evenly: each thread owns its dX columns, its weight gradient entries and its column sums,
+    summed in the same order whoever computes them."""
     mask, weight, x, grad_y, _ = build(p)
     s = CSRStructure.from_mask(mask)
     vals = KERNELS.gather(weight, s.flat_index)
-    outputs = [fused_backward(KERNELS, s, vals, grad_y, x, threads) for threads in (1, 2, 3, 4)]
-    for grad_x, grad_values in outputs[1:]:
-        assert torch.equal(grad_x, outputs[0][0]) and torch.equal(grad_values, outputs[0][1])
+    outputs = [[t.clone() for t in fused_backward(KERNELS, s, vals, grad_y, x, threads)]
+               for threads in (1, 2, 3, 4)]
+    for output in outputs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(output, outputs[0]))
 
 
 @settings(max_examples=40, deadline=None)
@@ -193,12 +195,8 @@ def test_spmm_output_large_enough_to_stream_has_the_bits_of_small_calls(arch, dt
                                             stream=False)[0])
     torch.testing.assert_close(y, x @ weight.t() + bias, **tolerance(dtype))
     grad_y = torch.randn(tokens, out_features, generator=generator, dtype=dtype)
-    packed_grad, packed_x = kernels.pack(grad_y), kernels.pack(x)
-    streamed, stored = (kernels.backward(s.indptr_t, s.cols_t,
-                                         kernels.gather(vals, s.transpose_order),
-                                         s.transpose_order, packed_grad, packed_x, tokens,
-                                         threads=threads, stream=stream)[0].clone()
-                        for stream in (True, False))
+    streamed, stored = (fused_backward(kernels, s, vals, grad_y, x, threads,
+                                       stream=stream)[0].clone() for stream in (True, False))
     assert torch.equal(streamed, stored)
     torch.testing.assert_close(streamed, grad_y @ weight, **tolerance(dtype))
 

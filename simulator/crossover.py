@@ -163,25 +163,20 @@ class KernelCalibration:
 
 
 def _probe(features: int, tokens: int, density: float | None, device: torch.device,
-           dtype: torch.dtype, backend: str, variant: KernelVariant = DEFAULT_VARIANT,
-           out_features: int | None = None, as_values: bool = False) -> Callable[[], None]:
-    """A closure running one forward+backward of the probe layer (dense when density is None;
-    out_features defaults to square; with as_values the CSR weight is its values)."""
+           dtype: torch.dtype, backend: str,
+           variant: KernelVariant = DEFAULT_VARIANT) -> Callable[[], None]:
+    """A closure running one forward+backward of the square probe layer (dense when density
+    is None) on the dense weight."""
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(out_features or features, features, generator=generator,
-                         dtype=dtype).to(device)
+    weight = torch.randn(features, features, generator=generator, dtype=dtype).to(device)
+    weight.requires_grad_(True)
     x = torch.randn(tokens, features, generator=generator, dtype=dtype).to(device)
     x.requires_grad_(True)
     if density is None:
-        weight.requires_grad_(True)
         layer = lambda: F.linear(x, weight)  # noqa: E731
     else:
-        mask = (torch.rand(weight.shape, generator=generator) < density).to(device)
+        mask = (torch.rand(features, features, generator=generator) < density).to(device)
         structure = CSRStructure.from_mask(mask)
-        _, kernels = resolve_backend(backend, x, variant)
-        if as_values:
-            weight = weight_values(kernels, structure, weight)
-        weight.requires_grad_(True)
         layer = lambda: csr_linear(x, weight, None, structure, backend=backend,  # noqa: E731
                                    variant=variant)
 
@@ -215,15 +210,27 @@ def variant_timings(device: torch.device, dtype: torch.dtype, backend: str
     VARIANT_PROBES (none on the torch backend, which has no variants)."""
     if backend != "native":
         return ()
-    variants = ALL_VARIANTS
     timings = []
     for out_features, in_features, density in VARIANT_PROBES:
-        # at most a 1024² layer's work per probe: fewer tokens for the larger layers
-        tokens = min(VARIANT_TOKENS, max(BLOCK_TOKENS, VARIANT_TOKENS * 1024 ** 2
+        # at most a 1024² layer's work per probe (fewer tokens for the larger layers), and two
+        # token blocks at least (fused2 passes over two at a time)
+        tokens = min(VARIANT_TOKENS, max(2 * BLOCK_TOKENS, VARIANT_TOKENS * 1024 ** 2
                                          // (out_features * in_features)))
-        times = _fastest_times({variant.name: _probe(
-            in_features, tokens, density, device, dtype, backend, variant,
-            out_features=out_features, as_values=True) for variant in variants}, device)
+        generator = torch.Generator().manual_seed(0)
+        weight = torch.randn(out_features, in_features, generator=generator, dtype=dtype)
+        x = torch.randn(tokens, in_features, generator=generator, dtype=dtype).to(device)
+        mask = torch.rand(weight.shape, generator=generator) < density
+        structure = CSRStructure.from_mask(mask.to(device))
+        values = weight_values(None, structure, weight.to(device)).requires_grad_(True)
+        x.requires_grad_(True)
+        upstream = torch.randn(tokens, out_features, generator=generator, dtype=dtype).to(device)
+
+        def step(variant: KernelVariant) -> None:
+            x.grad = values.grad = None
+            csr_linear(x, values, None, structure, backend=backend,
+                       variant=variant).backward(upstream)
+        times = _fastest_times({v.name: functools.partial(step, v) for v in ALL_VARIANTS},
+                               device)
         timings.append(VariantTiming(out_features, in_features, density, tokens,
                                      tuple((name, ms * 1e3) for name, ms in times.items())))
     return tuple(timings)

@@ -177,7 +177,7 @@ class CSRLinearFunction(torch.autograd.Function):
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
         sampled_w = need_w and not ctx.dense_grad
         grad_x = grad_w = grad_b = None
-        if ctx.backend == "native" and need_x and sampled_w and ctx.variant.backward == "fused":
+        if ctx.backend == "native" and need_x and sampled_w and ctx.variant.fused_blocks:
             grad_x, grad_w, grad_b = native_fused_backward(
                 ctx.kernels, structure, vals, grad_y, packed_x, ctx.variant, column_sums=need_b,
                 dense=not ctx.values_given, length=ctx.values_length)
@@ -261,13 +261,14 @@ def native_fused_backward(kernels: KernelLibrary, structure: CSRStructure, vals:
                           column_sums: bool = False, dense: bool = False,
                           length: int | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """dX and the sampled weight gradient in one pass over the CSR of Wᵀ (the "fused"
-    variant): (dX, the weight gradient as values in CSR order zero padded to `length`, or with
-    dense=True the dense dW, 0 off the mask; with column_sums=True dY's column sums)."""
+    """dX and the sampled weight gradient in one pass over the CSR of Wᵀ (the "fused" and
+    "fused2" variants): (dX, the weight gradient as values in CSR order zero padded to
+    `length`, or with dense=True the dense dW, 0 off the mask; with column_sums=True dY's column sums)."""
     grad_x, grad_values, sums = kernels.backward(
         structure.indptr_t, structure.cols_t, kernels.gather(vals, structure.transpose_order),
         structure.transpose_order, grad_y, packed_x, column_sums=column_sums,
-        length=None if dense else length, stream=variant.stream)
+        length=None if dense else length, blocks_per_pass=variant.fused_blocks,
+        stream=variant.stream)
     if dense:
         return grad_x, kernels.dense_rows(structure.indptr, structure.cols, structure.shape[1],
                                           grad_values), sums

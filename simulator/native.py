@@ -62,7 +62,7 @@ POOLED_MIN_BYTES = 128 * 1024
 SUFFIX_BY_DTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
 VECTOR_WIDTHS = ("native", "256")
-BACKWARDS = ("split", "fused")
+BACKWARDS = ("split", "fused", "fused2")
 
 _build_lock = threading.Lock()
 
@@ -73,8 +73,9 @@ class KernelVariant:
 
     vector: "native" (the widest the build target has: 512-bit with AVX-512) or "256" (256-bit
         vectors on an AVX-512 machine; the same as native elsewhere).
-    backward: "split" (dX by spmm over Wᵀ, then the weight gradient by sddmm) or "fused" (both
-        in one pass over Wᵀ, each upstream tile loaded once; see _kernels_grad.c).
+    backward: "split" (dX by spmm over Wᵀ, then the weight gradient by sddmm), "fused" (both
+        in one pass over Wᵀ, each upstream tile loaded once; see _kernels_grad.c) or "fused2"
+        (the same, two token blocks per pass).
     stream: outputs of 256 KiB or more written with streaming (non-temporal) stores.
     """
 
@@ -99,6 +100,11 @@ class KernelVariant:
         if len(parts) != 3 or parts[2] not in ("stream", "store"):
             raise ValueError(f"kernel variant must look like 'native/split/stream', got {name!r}")
         return cls(parts[0], parts[1], parts[2] == "stream")
+
+    @property
+    def fused_blocks(self) -> int:
+        """Token blocks per pass of the fused backward; 0 for the split one."""
+        return {"split": 0, "fused": 1, "fused2": 2}[self.backward]
 
     def build_flags(self) -> tuple[str, ...]:
         """Compiler flags the variant adds to the build target's."""
@@ -193,7 +199,8 @@ class KernelLibrary:
             getattr(self._lib, f"csx_dense_rows_{suffix}").argtypes = [
                 ptr, ptr, i64, i64, ptr, ptr, i32]
             getattr(self._lib, f"csx_backward_{suffix}").argtypes = [
-                ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32, i32]
+                ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32, i32,
+                i32]
 
     @staticmethod
     def threads_for(work: int) -> int:
@@ -336,7 +343,7 @@ class KernelLibrary:
 
     def backward(self, indptr_t: torch.Tensor, cols_t: torch.Tensor, vals_t: torch.Tensor,
                  transpose_order: torch.Tensor, grad_y: torch.Tensor, packed_x: torch.Tensor,
-                 column_sums: bool = False, length: int | None = None,
+                 column_sums: bool = False, length: int | None = None, blocks_per_pass: int = 1,
                  threads: int | None = None, stream: bool = True
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The fused backward over the CSR of Wᵀ (indptr_t, cols_t, its values vals_t;
@@ -345,21 +352,24 @@ class KernelLibrary:
         the weight gradient as values in W's CSR order zero padded to `length`, with
         column_sums=True grad_y's column sums (the bias gradient), else None). The same
         products as :meth:`spmm` over Wᵀ and :meth:`sddmm`, each upstream tile loaded once for
-        both; grad_y is packed a block at a time inside the call."""
+        both; grad_y is packed inside the call, `blocks_per_pass` (1 or 2) token blocks at a
+        time."""
+        if blocks_per_pass not in (1, 2):
+            raise ValueError(f"blocks_per_pass must be 1 or 2, got {blocks_per_pass!r}")
         tokens, out_features = grad_y.shape
         in_features, nnz, dtype = indptr_t.numel() - 1, cols_t.numel(), packed_x.dtype
         grad_x = self.pool.take((tokens, in_features), dtype)
         grad_values = self.pool.take((length or nnz,), dtype)
         grad_values[nnz:].zero_()
         scratch = self.pool.take((nnz,), dtype)
-        buffers = self.pool.take((2, out_features, self.block_tokens), dtype)
+        buffers = self.pool.take((2 * blocks_per_pass, out_features, self.block_tokens), dtype)
         sums = self.pool.take((out_features,), dtype) if column_sums else None
         self._fn("backward", dtype)(
             indptr_t.data_ptr(), cols_t.data_ptr(), vals_t.data_ptr(),
             transpose_order.data_ptr(), in_features, out_features, grad_y.data_ptr(),
             None if sums is None else sums.data_ptr(), packed_x.data_ptr(), tokens,
             grad_x.data_ptr(), scratch.data_ptr(), grad_values.data_ptr(), buffers.data_ptr(),
-            threads or self.threads_for(2 * nnz * packed_x.shape[0] * self.block_tokens),
+            blocks_per_pass, threads or self.threads_for(2 * nnz * packed_x.shape[0] * self.block_tokens),
             int(stream))
         return grad_x, grad_values, sums
 

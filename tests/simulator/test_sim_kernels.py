@@ -90,23 +90,28 @@ def test_kernels_match_dense_products_for_any_thread_split(p):
     assert torch.equal(grad_values, grad_w.view(-1)[s.flat_index]), "the same sums, CSR order"
 
 
-def fused_backward(kernels, s, vals, grad_y, x, threads, length=None, stream=True):
+def fused_backward(kernels, s, vals, grad_y, x, threads, length=None, stream=True,
+                   blocks_per_pass=1):
     """dX, the weight gradient values and grad_y's column sums by the fused backward kernel."""
     return kernels.backward(s.indptr_t, s.cols_t, kernels.gather(vals, s.transpose_order),
                             s.transpose_order, grad_y, kernels.pack(x, threads=threads),
-                            column_sums=True, length=length, threads=threads, stream=stream)
+                            column_sums=True, length=length, blocks_per_pass=blocks_per_pass,
+                            threads=threads, stream=stream)
 
 
 @settings(max_examples=60, deadline=None)
-@given(p=problems, padding=st.integers(0, 70))
-def test_fused_backward_gives_the_dense_products_for_any_thread_split(p, padding):
+@given(p=problems, padding=st.integers(0, 70), blocks_per_pass=st.sampled_from([1, 2]))
+def test_fused_backward_gives_the_dense_products_for_any_thread_split(p, padding,
+                                                                     blocks_per_pass):
     """dX = dY W and dW at the mask's non-zeros (CSR order, zero padded), from one pass over
-    Wᵀ's CSR; its values also fill the dense gradient (0 off the mask)."""
+    Wᵀ's CSR (one or two token blocks at a time); its values also fill the dense gradient (0
+    off the mask)."""
     mask, weight, x, grad_y, _ = build(p)
     s = CSRStructure.from_mask(mask)
     vals = KERNELS.gather(weight, s.flat_index)
     grad_x, grad_values, sums = fused_backward(KERNELS, s, vals, grad_y, x, p["threads"],
-                                               length=s.nnz + padding)
+                                               length=s.nnz + padding,
+                                               blocks_per_pass=blocks_per_pass)
     torch.testing.assert_close(grad_x, grad_y @ weight, **tolerance(p["dtype"]))
     expected = (grad_y.t() @ x) * mask
     torch.testing.assert_close(grad_values[:s.nnz], expected.view(-1)[s.flat_index],
@@ -119,15 +124,16 @@ def test_fused_backward_gives_the_dense_products_for_any_thread_split(p, padding
 
 
 @settings(max_examples=30, deadline=None)
-@given(problems)
-def test_fused_backward_is_bitwise_the_same_for_every_thread_split(p):
+@given(p=problems, blocks_per_pass=st.sampled_from([1, 2]))
+def test_fused_backward_is_bitwise_the_same_for_every_thread_split(p, blocks_per_pass):
     """Rows of Wᵀ split by non-zeros, features of dY (packed inside, with their sums) split
     evenly: each thread owns its dX columns, its weight gradient entries and its column sums,
     summed in the same order whoever computes them."""
     mask, weight, x, grad_y, _ = build(p)
     s = CSRStructure.from_mask(mask)
     vals = KERNELS.gather(weight, s.flat_index)
-    outputs = [[t.clone() for t in fused_backward(KERNELS, s, vals, grad_y, x, threads)]
+    outputs = [[t.clone() for t in fused_backward(KERNELS, s, vals, grad_y, x, threads,
+                                                  blocks_per_pass=blocks_per_pass)]
                for threads in (1, 2, 3, 4)]
     for output in outputs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(output, outputs[0]))

@@ -336,3 +336,21 @@ def native_kernel_calls(kernels: KernelLibrary, structure: CSRStructure, weight:
         "weight_grad": lambda: native_weight_grad(kernels, structure, packed_grad, packed_x,
                                                   dense=True),
     }
+
+
+def native_variant_calls(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
+                         x: torch.Tensor, grad_y: torch.Tensor,
+                         variant: KernelVariant) -> dict[str, Callable[[], object]]:
+    """The forward and the backward of weights as values on `variant`'s kernels (the calls
+    the autograd function makes), as closures (bench/roofline.py)."""
+    packed_x = kernels.pack(x)
+    if variant.fused_blocks:
+        def backward() -> object:
+            return native_fused_backward(kernels, structure, vals, grad_y, packed_x, variant)
+    else:
+        def backward() -> object:
+            _, packed_grad, _ = native_input_grad(kernels, structure, vals, grad_y,
+                                                  variant=variant)
+            return native_weight_grad(kernels, structure, packed_grad, packed_x)
+    return {"forward": lambda: native_forward(kernels, structure, vals, None, x, variant),
+            "backward": backward}

@@ -220,6 +220,8 @@ typedef struct {
     const void *unpacked;   /* spmm: token-major X, packed into src block by block just before
                                the block is used (pack fused in), or NULL: src comes packed */
     int stream;             /* spmm: write Y with streaming stores where aligned */
+    int prefetch;           /* spmm, backward: prefetch the tile of the non-zero this many
+                               ahead (0: none) */
 } work_t;
 
 /* Ranges [bounds[i], bounds[i+1]) of `units`: equal non-zeros per thread when indptr is given,
@@ -257,6 +259,15 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
     for (int i = 0; i < threads; i++) fn(&work[i]);
     return threads;
+}
+
+/* Prefetch into L1 the `bytes` of a tile at p (one cache line at a time), and as many at each
+ * of `copies` tiles `stride` bytes apart (further token blocks). */
+static inline __attribute__((always_inline)) void prefetch_tiles(const void *p, int bytes,
+                                                                 int copies, int64_t stride) {
+    for (int t = 0; t < copies; t++)
+        for (int line = 0; line < bytes; line += 64)
+            __builtin_prefetch((const char *)p + t * stride + line, 0, 3);
 }
 
 #define DEFINE_KERNELS(T, S, I)                                                                   \
@@ -393,6 +404,7 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
         const int64_t row_end = w->by_blocks ? w->rows : w->end;                                  \
         const int64_t block_begin = w->by_blocks ? w->begin : 0;                                  \
         const int64_t block_end = w->by_blocks ? w->end : w->blocks;                              \
+        const int32_t last = w->indptr[row_end]; /* past this thread's last non-zero */          \
         T *sums = w->unpacked ? thread_sums_##S(w) : 0;                                           \
         for (int64_t b = block_begin; b < block_end; b++) {                                       \
             if (w->unpacked) /* by_blocks: this thread packs the blocks it reads */               \
@@ -412,6 +424,14 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
                     int32_t k = w->indptr[r];                                                     \
                     const int32_t end = w->indptr[r + 1];                                         \
                     for (; k + 1 < end; k += 2) { /* two accumulator sets hide FMA latency */     \
+                        if (w->prefetch) { /* the tiles of non-zeros k+d, k+d+1 (this thread's) */ \
+                            const int32_t ahead = k + w->prefetch + 1 < last ? k + w->prefetch    \
+                                                                             : last - 2;          \
+                            prefetch_tiles(xb + (int64_t)w->cols[ahead] * BLOCK,                  \
+                                           BLOCK * sizeof(T), 1, 0);                              \
+                            prefetch_tiles(xb + (int64_t)w->cols[ahead + 1] * BLOCK,              \
+                                           BLOCK * sizeof(T), 1, 0);                              \
+                        }                                                                         \
                         const vec_##S *x0 = (const vec_##S *)(xb + (int64_t)w->cols[k] * BLOCK);  \
                         const vec_##S *x1 =                                                       \
                             (const vec_##S *)(xb + (int64_t)w->cols[k + 1] * BLOCK);              \
@@ -463,7 +483,7 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
                                                                                                   \
     void csx_spmm_##S(const int32_t *indptr, const int32_t *cols, const T *vals, const T *bias,   \
                       int64_t rows, int64_t features, const T *xb, int64_t tokens, T *y,          \
-                      int threads, int stream) {                                                  \
+                      int threads, int stream, int prefetch) {                                    \
         /* Token blocks split evenly across the threads when they can: each thread then reads     \
          * only the blocks it packed itself (pack splits blocks the same way), from its own L2,   \
          * and writes whole token rows of Y. Measured on 2 cores against splitting rows by        \
@@ -474,7 +494,8 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
         const work_t proto = {.indptr = indptr, .cols = cols, .vals = vals, .bias = bias,         \
                               .src = xb, .out = y, .features = features, .blocks = blocks,        \
                               .tokens = tokens, .rows = rows, .by_blocks = by_blocks,             \
-                              .stream = streams_##S(stream, y, rows, tokens)};                    \
+                              .stream = streams_##S(stream, y, rows, tokens),                     \
+                              .prefetch = prefetch};                                              \
         if (by_blocks)                                                                            \
             run_threads(spmm_worker_##S, &proto, 0, blocks, threads);                             \
         else                                                                                      \
@@ -490,19 +511,20 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
     void csx_pack_spmm_##S(const T *x, T *xb, T *sums, T *partial, int pack_threads,              \
                            const int32_t *indptr, const int32_t *cols, const T *vals,             \
                            const T *bias, int64_t rows, int64_t features, int64_t tokens, T *y,   \
-                           int threads, int stream) {                                             \
+                           int threads, int stream, int prefetch) {                               \
         const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
         if (threads != pack_threads || (threads > 1 && blocks % threads != 0)) {                  \
             csx_pack_##S(x, tokens, features, xb, sums, partial, pack_threads);                   \
             csx_spmm_##S(indptr, cols, vals, bias, rows, features, xb, tokens, y, threads,        \
-                         stream);                                                                 \
+                         stream, prefetch);                                                       \
             return;                                                                               \
         }                                                                                         \
         const work_t proto = {.indptr = indptr, .cols = cols, .vals = vals, .bias = bias,         \
                               .src = xb, .out = y, .features = features, .blocks = blocks,        \
                               .tokens = tokens, .rows = rows, .by_blocks = 1, .unpacked = x,      \
                               .partial = sums ? partial : 0,                                      \
-                              .stream = streams_##S(stream, y, rows, tokens)};                    \
+                              .stream = streams_##S(stream, y, rows, tokens),                     \
+                              .prefetch = prefetch};                                              \
         const int used = run_threads(spmm_worker_##S, &proto, 0, blocks, threads);                \
         if (sums) add_partials_##S(sums, partial, used, features);                                \
     }

@@ -105,6 +105,7 @@
         const T *vals = (const T *)w->vals;                                                       \
         T *sums = (T *)w->dense;                                                                  \
         const T *xb = (const T *)w->src + b * n * BLOCK;                                          \
+        const int32_t last = w->indptr[w->end]; /* past this thread's last non-zero */           \
         vec_##S tile[2][LANES_##S][V];                                                            \
         for (int64_t c0 = w->begin; c0 < w->end; c0 += LANES_##S) {                               \
             const int64_t c1 = c0 + LANES_##S < w->end ? c0 + LANES_##S : w->end;                 \
@@ -115,6 +116,10 @@
                     a[i] = (vec_##S){0};                                                          \
                 }                                                                                 \
                 for (int32_t j = w->indptr[c]; j < w->indptr[c + 1]; j++) {                       \
+                    if (w->prefetch) /* the upstream tiles of non-zero j+d (this thread's) */    \
+                        prefetch_tiles(gb + (int64_t)w->cols[j + w->prefetch < last              \
+                                                             ? j + w->prefetch : last - 1] * BLOCK, \
+                                       BLOCK * sizeof(T), group, m * BLOCK * sizeof(T));         \
                     const T *g = gb + (int64_t)w->cols[j] * BLOCK;                                \
                     const T v = vals[j];                                                          \
                     vec_##S acc[SDDMM_ACCS] = {{0}};                                              \
@@ -151,7 +156,7 @@
     void csx_backward_##S(const int32_t *indptr_t, const int32_t *cols_t, const T *vals_t,       \
                           const int64_t *order, int64_t n, int64_t m, const T *g, T *bias_sums,   \
                           const T *xb, int64_t tokens, T *dx, T *scratch, T *grad_values,         \
-                          T *buffers, int group, int threads, int stream) {                       \
+                          T *buffers, int group, int threads, int stream, int prefetch) {         \
         if (threads > MAX_THREADS) threads = MAX_THREADS;                                         \
         if (threads > n) threads = (int)n;                                                        \
         if (threads < 1) threads = 1;                                                             \
@@ -164,7 +169,8 @@
             work[i] = (work_t){.indptr = indptr_t, .cols = cols_t, .vals = vals_t, .src = xb,     \
                                .out = dx, .dense = scratch, .features = m, .begin = rows[i],      \
                                .end = rows[i + 1], .tokens = tokens, .rows = n, .thread = i,      \
-                               .stream = streams_##S(stream, dx, n, tokens)};                     \
+                               .stream = streams_##S(stream, dx, n, tokens),                      \
+                               .prefetch = prefetch};                                             \
         _Pragma("omp parallel num_threads(threads)") {                                            \
             const int team = TEAM_SIZE(), id = TEAM_MEMBER(); /* 1 and 0 without OpenMP */      \
             for (int i = id; i < threads; i += team) {                                            \

@@ -62,13 +62,16 @@ CACHE_ENV = "CSX_KERNEL_CACHE"  # the folder of the per-machine measurements
 # (out_features, in_features, density) of the layers the kernel variants are timed on: one token
 # block's activation tile (features x 64 tokens x 4 B) from 128 KiB to 1 MiB on either side, so
 # a shape near each probe puts the same pressure on L1 and L2.
-VARIANT_PROBES = ((512, 512, 0.1), (1024, 1024, 0.1), (1024, 1024, 0.03), (4096, 1024, 0.1),
-                  (1024, 4096, 0.1))
+VARIANT_PROBES = ((512, 512, 0.1), (1024, 1024, 0.1), (4096, 1024, 0.1), (1024, 4096, 0.1))
 VARIANT_TOKENS = 256
+# Fastest of 3 per variant: the 16 variants times 4 probes are most of the calibration's time
+# (about 2 s on the 2-core Xeon, once per machine), and an interleaved round slowed by other
+# processes slows all of its variants alike.
+VARIANT_REPEATS = 3
 BLOCK_TOKENS = 64  # the kernels' token block (csx_block_tokens): fewer tokens time a padded block
 # Part of the per-machine file's name: a file written before the variants were timed is not
 # read as a calibration without them (it would pin every layer to the old kernels).
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -188,14 +191,14 @@ def _probe(features: int, tokens: int, density: float | None, device: torch.devi
     return run
 
 
-def _fastest_times(probes: dict[str, Callable[[], None]], device: torch.device
-                   ) -> dict[str, float]:
-    """Fastest of REPEATS runs per probe, the probes interleaved so that load from other
+def _fastest_times(probes: dict[str, Callable[[], None]], device: torch.device,
+                   repeats: int = REPEATS) -> dict[str, float]:
+    """Fastest of `repeats` runs per probe, the probes interleaved so that load from other
     processes hits all of them alike; the first round only warms up."""
     on_this_thread = device.type == "cpu" and torch.get_num_threads() == 1
     clock = time.thread_time if on_this_thread else time.perf_counter
     best = dict.fromkeys(probes, float("inf"))
-    for round_index in range(REPEATS + 1):
+    for round_index in range(repeats + 1):
         for name, run in probes.items():
             start = clock()
             run()
@@ -214,7 +217,7 @@ def variant_timings(device: torch.device, dtype: torch.dtype, backend: str
     for out_features, in_features, density in VARIANT_PROBES:
         # at most a 1024² layer's work per probe (fewer tokens for the larger layers), and two
         # token blocks at least (fused2 passes over two at a time)
-        tokens = min(VARIANT_TOKENS, max(2 * BLOCK_TOKENS, VARIANT_TOKENS * 1024 ** 2
+        tokens = min(VARIANT_TOKENS, max(2 * BLOCK_TOKENS, VARIANT_TOKENS * 512 ** 2
                                          // (out_features * in_features)))
         generator = torch.Generator().manual_seed(0)
         weight = torch.randn(out_features, in_features, generator=generator, dtype=dtype)
@@ -230,7 +233,7 @@ def variant_timings(device: torch.device, dtype: torch.dtype, backend: str
             csr_linear(x, values, None, structure, backend=backend,
                        variant=variant).backward(upstream)
         times = _fastest_times({v.name: functools.partial(step, v) for v in ALL_VARIANTS},
-                               device)
+                               device, VARIANT_REPEATS)
         timings.append(VariantTiming(out_features, in_features, density, tokens,
                                      tuple((name, ms * 1e3) for name, ms in times.items())))
     return tuple(timings)

@@ -241,7 +241,7 @@ def native_forward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.
     order; also returns X packed (the weight gradient reuses it)."""
     y, packed_x, _ = kernels.pack_spmm(x.contiguous(), structure.indptr, structure.cols, vals,
                                        None if bias is None else bias.contiguous(),
-                                       stream=variant.stream)
+                                       stream=variant.stream, prefetch=variant.prefetch)
     return y, packed_x
 
 
@@ -253,7 +253,8 @@ def native_input_grad(kernels: KernelLibrary, structure: CSRStructure, vals: tor
     weight gradient reuses it), with column_sums=True dY's column sums (the bias gradient))."""
     vals_t = kernels.gather(vals, structure.transpose_order)
     return kernels.pack_spmm(grad_y, structure.indptr_t, structure.cols_t, vals_t, None,
-                             column_sums=column_sums, stream=variant.stream)
+                             column_sums=column_sums, stream=variant.stream,
+                             prefetch=variant.prefetch)
 
 
 def native_fused_backward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
@@ -268,7 +269,7 @@ def native_fused_backward(kernels: KernelLibrary, structure: CSRStructure, vals:
         structure.indptr_t, structure.cols_t, kernels.gather(vals, structure.transpose_order),
         structure.transpose_order, grad_y, packed_x, column_sums=column_sums,
         length=None if dense else length, blocks_per_pass=variant.fused_blocks,
-        stream=variant.stream)
+        stream=variant.stream, prefetch=variant.prefetch)
     if dense:
         return grad_x, kernels.dense_rows(structure.indptr, structure.cols, structure.shape[1],
                                           grad_values), sums

@@ -49,13 +49,13 @@ def test_make_bench_tabulates_each_shapes_variant_and_its_distance_from_the_roof
     run_all = bench_module("run_all")
     assert "record" not in run_all.benchmarks()  # a helper, not a benchmark
     case = {"shape": [1024, 1024], "tokens": 512, "threads": 2, "sparsity": 0.9,
-            "variant": "native/fused2/store", "variant_ms": 4.0, "bound_ms": 2.0,
+            "variant": "native/fused2/store/pf8", "variant_ms": 4.0, "bound_ms": 2.0,
             "variant_fraction_of_bound": 0.5, "variant_ratio": 5.25}
     old = {key: case[key] for key in ("shape", "tokens", "threads", "sparsity")}
     table = run_all.variant_table({"machine": {"summary": "Some CPU, 2 cores"},
                                    "cases": [case, old]})
     assert table[0].startswith("Kernel variants chosen on Some CPU, 2 cores")
-    assert table[4] == ("| 1024x1024 | 512 | 2 | 90% | `native/fused2/store` | 4.00 | 2.00 | "
+    assert table[4] == ("| 1024x1024 | 512 | 2 | 90% | `native/fused2/store/pf8` | 4.00 | 2.00 | "
                         "0.50 | 5.25 |")
     assert len(table) == 6  # the case from before the variants has no row
     assert run_all.variant_table({"cases": [old]}) == []

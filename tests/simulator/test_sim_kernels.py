@@ -91,18 +91,19 @@ def test_kernels_match_dense_products_for_any_thread_split(p):
 
 
 def fused_backward(kernels, s, vals, grad_y, x, threads, length=None, stream=True,
-                   blocks_per_pass=1):
+                   blocks_per_pass=1, prefetch=0):
     """dX, the weight gradient values and grad_y's column sums by the fused backward kernel."""
     return kernels.backward(s.indptr_t, s.cols_t, kernels.gather(vals, s.transpose_order),
                             s.transpose_order, grad_y, kernels.pack(x, threads=threads),
                             column_sums=True, length=length, blocks_per_pass=blocks_per_pass,
-                            threads=threads, stream=stream)
+                            threads=threads, stream=stream, prefetch=prefetch)
 
 
 @settings(max_examples=60, deadline=None)
-@given(p=problems, padding=st.integers(0, 70), blocks_per_pass=st.sampled_from([1, 2]))
+@given(p=problems, padding=st.integers(0, 70), blocks_per_pass=st.sampled_from([1, 2]),
+       prefetch=st.sampled_from([0, 8]))
 def test_fused_backward_gives_the_dense_products_for_any_thread_split(p, padding,
-                                                                     blocks_per_pass):
+                                                                     blocks_per_pass, prefetch):
     """dX = dY W and dW at the mask's non-zeros (CSR order, zero padded), from one pass over
     Wᵀ's CSR (one or two token blocks at a time); its values also fill the dense gradient (0
     off the mask)."""
@@ -111,7 +112,8 @@ def test_fused_backward_gives_the_dense_products_for_any_thread_split(p, padding
     vals = KERNELS.gather(weight, s.flat_index)
     grad_x, grad_values, sums = fused_backward(KERNELS, s, vals, grad_y, x, p["threads"],
                                                length=s.nnz + padding,
-                                               blocks_per_pass=blocks_per_pass)
+                                               blocks_per_pass=blocks_per_pass,
+                                               prefetch=prefetch)
     torch.testing.assert_close(grad_x, grad_y @ weight, **tolerance(p["dtype"]))
     expected = (grad_y.t() @ x) * mask
     torch.testing.assert_close(grad_values[:s.nnz], expected.view(-1)[s.flat_index],
@@ -149,8 +151,9 @@ def test_spmm_is_bitwise_the_same_for_every_thread_split(p):
     vals = KERNELS.gather(weight, s.flat_index)
     packed_x = KERNELS.pack(x)
     outputs = [KERNELS.spmm(s.indptr, s.cols, vals, bias, s.shape[1], packed_x, p["tokens"],
-                            threads=threads) for threads in (1, 2, 3, 4)]
-    assert all(torch.equal(out, outputs[0]) for out in outputs[1:])
+                            threads=threads, prefetch=prefetch)
+               for threads in (1, 2, 3, 4) for prefetch in (0, 8)]
+    assert all(torch.equal(out, outputs[0]) for out in outputs[1:]), "prefetching too"
 
 
 @settings(max_examples=40, deadline=None)
@@ -208,7 +211,7 @@ def test_spmm_output_large_enough_to_stream_has_the_bits_of_small_calls(arch, dt
 
 
 @pytest.mark.parametrize("variant", ALL_VARIANTS, ids=lambda v: v.name)
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(p=problems)
 def test_csr_linear_matches_masked_dense_autograd(variant, p):
     mask, weight, x, grad_y, bias = build(p)

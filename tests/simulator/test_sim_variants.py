@@ -32,14 +32,14 @@ def calibration(*timings: VariantTiming) -> KernelCalibration:
 
 
 def test_a_layer_runs_the_variant_fastest_on_the_probe_nearest_its_shape_and_density():
-    cal = calibration(timing(512, 512, 0.1, {"native/fused/store": 1.0}),
-                      timing(4096, 1024, 0.1, {"256/split/stream": 1.0}),
-                      timing(1024, 1024, 0.03, {"native/split/store": 1.0}))
-    assert cal.variant_for(600, 500, 0.12) == KernelVariant("native", "fused", False)
-    assert cal.variant_for(3000, 1024, 0.08) == KernelVariant("256", "split", True)
-    assert cal.variant_for(1024, 1024, 0.02) == KernelVariant("native", "split", False)
-    tie = calibration(timing(512, 512, 0.1, {"native/fused/store": 1.0, "256/fused/store": 1.0}))
-    assert tie.variant_for(512, 512, 0.1).name == "native/fused/store"  # first timed of equals
+    cal = calibration(timing(512, 512, 0.1, {"native/fused/store/pf0": 1.0}),
+                      timing(4096, 1024, 0.1, {"256/split/stream/pf0": 1.0}),
+                      timing(1024, 1024, 0.03, {"native/split/store/pf0": 1.0}))
+    assert cal.variant_for(600, 500, 0.12) == KernelVariant("native", "fused", False, 0)
+    assert cal.variant_for(3000, 1024, 0.08) == KernelVariant("256", "split", True, 0)
+    assert cal.variant_for(1024, 1024, 0.02) == KernelVariant("native", "split", False, 0)
+    tie = calibration(timing(512, 512, 0.1, {"native/fused/store/pf0": 1.0, "256/fused/store/pf0": 1.0}))
+    assert tie.variant_for(512, 512, 0.1).name == "native/fused/store/pf0"  # first timed of equals
 
 
 @pytest.mark.skipif(load_kernels() is None, reason="the C kernels did not build")
@@ -51,12 +51,12 @@ def test_compiled_layers_run_their_shapes_variants_and_train_as_masked_dense():
     for layer in (model[0], model[2]):
         layer.register_buffer("weight_mask", torch.rand_like(layer.weight) < 0.5)
     masks = [model[0].weight_mask, model[2].weight_mask]
-    cal = calibration(timing(16, 16, 0.5, {"native/fused/store": 1.0}),
-                      timing(64, 16, 0.5, {"256/split/stream": 1.0}))
+    cal = calibration(timing(16, 16, 0.5, {"native/fused/store/pf0": 1.0}),
+                      timing(64, 16, 0.5, {"256/split/stream/pf0": 1.0}))
     simulator.compile(model, calibration=cal)
     decisions = simulator.decisions(model)
     assert [d.kernel for d in decisions] == ["csr", "csr"]
-    assert [d.variant for d in decisions] == ["native/fused/store", "256/split/stream"]
+    assert [d.variant for d in decisions] == ["native/fused/store/pf0", "256/split/stream/pf0"]
     x = torch.randn(70, 16)
     y = model(x)
     y_ref = F.linear(torch.relu(F.linear(x, reference[0].weight * masks[0], reference[0].bias)),
@@ -73,13 +73,13 @@ def test_compiled_layers_run_their_shapes_variants_and_train_as_masked_dense():
 def test_replicas_averaging_their_timings_choose_the_same_variants():
     """Each rank of a job brings its machine's timings; averaged (the job's all-reduce), every
     rank holds the same calibration, the same choices, and the file written survives JSON."""
-    first = calibration(timing(512, 512, 0.1, {"native/fused/store": 1.0}))
-    second = calibration(timing(512, 512, 0.1, {"native/split/stream": 2.0}))
+    first = calibration(timing(512, 512, 0.1, {"native/fused/store/pf0": 1.0}))
+    second = calibration(timing(512, 512, 0.1, {"native/split/stream/pf0": 2.0}))
     assert first.variant_for(512, 512, 0.1) != second.variant_for(512, 512, 0.1)
     averaged = [(a + b) / 2 for a, b in zip(first.measurements(), second.measurements())]
     agreed = [cal.with_measurements(averaged) for cal in (first, second)]
     assert agreed[0] == agreed[1]
-    assert agreed[0].variant_for(512, 512, 0.1).name == "native/fused/store"  # 2.0 vs 2.5 ms
+    assert agreed[0].variant_for(512, 512, 0.1).name == "native/fused/store/pf0"  # 2.0 vs 2.5 ms
     assert agreed[0].measurements() == averaged
     assert KernelCalibration(**json.loads(json.dumps(asdict(agreed[0])))) == agreed[0]
 
@@ -92,13 +92,15 @@ def test_a_calibration_file_from_before_the_variants_runs_the_old_kernels():
 
 def test_variant_names_round_trip_and_bad_ones_are_rejected_by_name():
     assert [KernelVariant.from_name(name) for name in NAMES] == list(ALL_VARIANTS)
-    assert DEFAULT_VARIANT.name == "native/split/stream"
+    assert DEFAULT_VARIANT.name == "native/split/stream/pf0"
     with pytest.raises(ValueError, match="backward"):
         KernelVariant(backward="merged")
     with pytest.raises(ValueError, match="vector"):
         KernelVariant(vector="128")
+    with pytest.raises(ValueError, match="prefetch"):
+        KernelVariant(prefetch=3)
     with pytest.raises(ValueError, match="kernel variant"):
-        KernelVariant.from_name("native/fused")
+        KernelVariant.from_name("native/fused/store")
 
 
 @pytest.mark.skipif(load_kernels() is None, reason="the C kernels did not build")

@@ -220,7 +220,7 @@ typedef struct {
     const void *unpacked;   /* spmm: token-major X, packed into src block by block just before
                                the block is used (pack fused in), or NULL: src comes packed */
     int stream;             /* spmm: write Y with streaming stores where aligned */
-    int prefetch;           /* spmm, backward: prefetch the tile of the non-zero this many
+    int prefetch;           /* backward: prefetch the upstream tiles of the non-zero this many
                                ahead (0: none) */
 } work_t;
 
@@ -259,15 +259,6 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
     for (int i = 0; i < threads; i++) fn(&work[i]);
     return threads;
-}
-
-/* Prefetch into L1 the `bytes` of a tile at p (one cache line at a time), and as many at each
- * of `copies` tiles `stride` bytes apart (further token blocks). */
-static inline __attribute__((always_inline)) void prefetch_tiles(const void *p, int bytes,
-                                                                 int copies, int64_t stride) {
-    for (int t = 0; t < copies; t++)
-        for (int line = 0; line < bytes; line += 64)
-            __builtin_prefetch((const char *)p + t * stride + line, 0, 3);
 }
 
 #define DEFINE_KERNELS(T, S, I)                                                                   \
@@ -394,7 +385,8 @@ static inline __attribute__((always_inline)) void prefetch_tiles(const void *p, 
      * per-row-and-panel overhead outweighs the L1 hits; remeasured for issue 46 with 64-256-   \
      * feature panels and 32-128-row chunks: 0-35% slower), 4 accumulator sets instead of 2     \
      * (issue 46: within +-3%), prefetching the tile 4-32 non-zeros ahead (1 to 4 lines: within \
-     * the noise, +-10%), and BLOCK 32 or 128 instead of 64 (all within +-7%). */               \
+     * the noise, +-10%; as a calibrated variant, 8 ahead, up to 1.15x slower at 4096 x 1024),   \
+     * and BLOCK 32 or 128 instead of 64 (all within +-7%). */                                   \
     static void spmm_worker_##S(const work_t *w) {                                                \
         const T *vals = (const T *)w->vals, *bias = (const T *)w->bias;                           \
         const int64_t n = w->features, m = w->rows;                                               \
@@ -404,7 +396,6 @@ static inline __attribute__((always_inline)) void prefetch_tiles(const void *p, 
         const int64_t row_end = w->by_blocks ? w->rows : w->end;                                  \
         const int64_t block_begin = w->by_blocks ? w->begin : 0;                                  \
         const int64_t block_end = w->by_blocks ? w->end : w->blocks;                              \
-        const int32_t last = w->indptr[row_end]; /* past this thread's last non-zero */          \
         T *sums = w->unpacked ? thread_sums_##S(w) : 0;                                           \
         for (int64_t b = block_begin; b < block_end; b++) {                                       \
             if (w->unpacked) /* by_blocks: this thread packs the blocks it reads */               \
@@ -424,14 +415,6 @@ static inline __attribute__((always_inline)) void prefetch_tiles(const void *p, 
                     int32_t k = w->indptr[r];                                                     \
                     const int32_t end = w->indptr[r + 1];                                         \
                     for (; k + 1 < end; k += 2) { /* two accumulator sets hide FMA latency */     \
-                        if (w->prefetch) { /* the tiles of non-zeros k+d, k+d+1 (this thread's) */ \
-                            const int32_t ahead = k + w->prefetch + 1 < last ? k + w->prefetch    \
-                                                                             : last - 2;          \
-                            prefetch_tiles(xb + (int64_t)w->cols[ahead] * BLOCK,                  \
-                                           BLOCK * sizeof(T), 1, 0);                              \
-                            prefetch_tiles(xb + (int64_t)w->cols[ahead + 1] * BLOCK,              \
-                                           BLOCK * sizeof(T), 1, 0);                              \
-                        }                                                                         \
                         const vec_##S *x0 = (const vec_##S *)(xb + (int64_t)w->cols[k] * BLOCK);  \
                         const vec_##S *x1 =                                                       \
                             (const vec_##S *)(xb + (int64_t)w->cols[k + 1] * BLOCK);              \
@@ -483,7 +466,7 @@ static inline __attribute__((always_inline)) void prefetch_tiles(const void *p, 
                                                                                                   \
     void csx_spmm_##S(const int32_t *indptr, const int32_t *cols, const T *vals, const T *bias,   \
                       int64_t rows, int64_t features, const T *xb, int64_t tokens, T *y,          \
-                      int threads, int stream, int prefetch) {                                    \
+                      int threads, int stream) {                                                  \
         /* Token blocks split evenly across the threads when they can: each thread then reads     \
          * only the blocks it packed itself (pack splits blocks the same way), from its own L2,   \
          * and writes whole token rows of Y. Measured on 2 cores against splitting rows by        \
@@ -494,8 +477,7 @@ static inline __attribute__((always_inline)) void prefetch_tiles(const void *p, 
         const work_t proto = {.indptr = indptr, .cols = cols, .vals = vals, .bias = bias,         \
                               .src = xb, .out = y, .features = features, .blocks = blocks,        \
                               .tokens = tokens, .rows = rows, .by_blocks = by_blocks,             \
-                              .stream = streams_##S(stream, y, rows, tokens),                     \
-                              .prefetch = prefetch};                                              \
+                              .stream = streams_##S(stream, y, rows, tokens)};                    \
         if (by_blocks)                                                                            \
             run_threads(spmm_worker_##S, &proto, 0, blocks, threads);                             \
         else                                                                                      \
@@ -511,20 +493,19 @@ static inline __attribute__((always_inline)) void prefetch_tiles(const void *p, 
     void csx_pack_spmm_##S(const T *x, T *xb, T *sums, T *partial, int pack_threads,              \
                            const int32_t *indptr, const int32_t *cols, const T *vals,             \
                            const T *bias, int64_t rows, int64_t features, int64_t tokens, T *y,   \
-                           int threads, int stream, int prefetch) {                               \
+                           int threads, int stream) {                                             \
         const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
         if (threads != pack_threads || (threads > 1 && blocks % threads != 0)) {                  \
             csx_pack_##S(x, tokens, features, xb, sums, partial, pack_threads);                   \
             csx_spmm_##S(indptr, cols, vals, bias, rows, features, xb, tokens, y, threads,        \
-                         stream, prefetch);                                                       \
+                         stream);                                                                 \
             return;                                                                               \
         }                                                                                         \
         const work_t proto = {.indptr = indptr, .cols = cols, .vals = vals, .bias = bias,         \
                               .src = xb, .out = y, .features = features, .blocks = blocks,        \
                               .tokens = tokens, .rows = rows, .by_blocks = 1, .unpacked = x,      \
                               .partial = sums ? partial : 0,                                      \
-                              .stream = streams_##S(stream, y, rows, tokens),                     \
-                              .prefetch = prefetch};                                              \
+                              .stream = streams_##S(stream, y, rows, tokens)};                    \
         const int used = run_threads(spmm_worker_##S, &proto, 0, blocks, threads);                \
         if (sums) add_partials_##S(sums, partial, used, features);                                \
     }

@@ -19,6 +19,15 @@
  *             Which form a shape runs is measured per machine (simulator.crossover).
  */
 
+/* Prefetch into L1 the `bytes` of a tile at p (one cache line at a time), and as many at each
+ * of `copies` tiles `stride` bytes apart (further token blocks). */
+static inline __attribute__((always_inline)) void prefetch_tiles(const void *p, int bytes,
+                                                                 int copies, int64_t stride) {
+    for (int t = 0; t < copies; t++)
+        for (int line = 0; line < bytes; line += 64)
+            __builtin_prefetch((const char *)p + t * stride + line, 0, 3);
+}
+
 #define DEFINE_GRAD_KERNELS(T, S, I)                                                              \
     /* One row's gradient for GROUP blocks (GROUP * VECS vectors) stays in registers while each  \
      * of the row's non-zeros streams its activation tile past it: one load per FMA and one      \

@@ -69,10 +69,13 @@ VARIANT_TOKENS = 256
 # (about 2 s on the 2-core Xeon, once per machine), and an interleaved round slowed by other
 # processes slows all of its variants alike.
 VARIANT_REPEATS = 3
+# How much faster than the default variant another must be timed to replace it: two variants
+# within 5% of each other swapped places from one calibration to the next on the shared Xeon.
+VARIANT_MARGIN = 0.05
 BLOCK_TOKENS = 64  # the kernels' token block (csx_block_tokens): fewer tokens time a padded block
 # Part of the per-machine file's name: a file written before the variants were timed is not
 # read as a calibration without them (it would pin every layer to the old kernels).
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,13 @@ class VariantTiming:
 
     @property
     def fastest(self) -> str:
-        """The fastest variant's name (the first timed of equals)."""
-        return min(self.ms, key=lambda item: item[1])[0]
+        """The fastest variant's name (the first timed of equals), or the default variant's
+        where none beat it by more than VARIANT_MARGIN: the old kernels stay unless another
+        variant is measurably faster, not by the noise of a shared machine."""
+        name, ms = min(self.ms, key=lambda item: item[1])
+        default = dict(self.ms).get(DEFAULT_VARIANT.name)
+        return DEFAULT_VARIANT.name if default is not None and default <= ms * (
+            1 + VARIANT_MARGIN) else name
 
     def distance(self, out_features: int, in_features: int, density: float) -> float:
         """How far a layer is from this probe: log2 ratios of both sides and of the density."""

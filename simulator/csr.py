@@ -241,7 +241,7 @@ def native_forward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.
     order; also returns X packed (the weight gradient reuses it)."""
     y, packed_x, _ = kernels.pack_spmm(x.contiguous(), structure.indptr, structure.cols, vals,
                                        None if bias is None else bias.contiguous(),
-                                       stream=variant.stream, prefetch=variant.prefetch)
+                                       stream=variant.stream)
     return y, packed_x
 
 
@@ -253,8 +253,7 @@ def native_input_grad(kernels: KernelLibrary, structure: CSRStructure, vals: tor
     weight gradient reuses it), with column_sums=True dY's column sums (the bias gradient))."""
     vals_t = kernels.gather(vals, structure.transpose_order)
     return kernels.pack_spmm(grad_y, structure.indptr_t, structure.cols_t, vals_t, None,
-                             column_sums=column_sums, stream=variant.stream,
-                             prefetch=variant.prefetch)
+                             column_sums=column_sums, stream=variant.stream)
 
 
 def native_fused_backward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,

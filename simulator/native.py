@@ -78,9 +78,9 @@ class KernelVariant:
         in one pass over Wᵀ, each upstream tile loaded once; see _kernels_grad.c) or "fused2"
         (the same, two token blocks per pass).
     stream: outputs of 256 KiB or more written with streaming (non-temporal) stores.
-    prefetch: the spmm and fused backward loops prefetch the tile of the non-zero this many
-        ahead (0: the hardware prefetchers alone). Measured on the AVX-512 Xeon, 8 ahead: the
-        fused backward 1.05-1.3x faster, spmm within the noise.
+    prefetch: the fused backward prefetches the upstream tiles of the non-zero this many ahead
+        (0: the hardware prefetchers alone; the split backward has none). Measured on the
+        AVX-512 Xeon, 8 ahead: 1.05-1.3x faster; in spmm the same was up to 1.15x slower.
     """
 
     vector: str = "native"
@@ -96,9 +96,12 @@ class KernelVariant:
         if self.prefetch not in PREFETCH_DISTANCES:
             raise ValueError(f"prefetch must be one of {PREFETCH_DISTANCES}, "
                              f"got {self.prefetch!r}")
+        if self.prefetch and self.backward == "split":
+            raise ValueError("prefetch applies to the fused backward; the split one has none")
 
     @property
     def name(self) -> str:
+        """"vector/backward/stream-or-store/pfN", as results and calibration files name it."""
         return (f"{self.vector}/{self.backward}/{'stream' if self.stream else 'store'}"
                 f"/pf{self.prefetch}")
 
@@ -125,14 +128,15 @@ class KernelVariant:
 DEFAULT_VARIANT = KernelVariant()
 
 
-# Every variant, in the order the calibration times them: the native width in every combination,
-# 256-bit vectors (never faster on the AVX-512 Xeon of issue 46) with the split and fused
-# backward and no prefetching, enough to find a machine where they are. The same on every
-# machine (on one without AVX-512 "256" builds the native kernels again), so that replicas of a
-# job on different machines time as many and can average their timings (simulator.crossover).
+# Every variant, in the order the calibration times them, the default first: the native width in
+# every combination, 256-bit vectors (never faster on the AVX-512 Xeon of issue 46) with the
+# split and fused backward and no prefetching, enough to find a machine where they are. The same
+# on every machine (on one without AVX-512 "256" builds the native kernels again), so that
+# replicas of a job on different machines time as many and can average their timings
+# (simulator.crossover).
 ALL_VARIANTS = (tuple(KernelVariant("native", backward, stream, prefetch)
                       for backward in BACKWARDS for stream in (True, False)
-                      for prefetch in PREFETCH_DISTANCES)
+                      for prefetch in (PREFETCH_DISTANCES if backward != "split" else (0,)))
                 + tuple(KernelVariant("256", backward, stream, 0)
                         for backward in ("split", "fused") for stream in (True, False)))
 
@@ -207,9 +211,9 @@ class KernelLibrary:
                                                                   i32]
             getattr(self._lib, f"csx_gather_{suffix}").argtypes = [ptr, ptr, i64, ptr]
             getattr(self._lib, f"csx_spmm_{suffix}").argtypes = [
-                ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32, i32, i32]
+                ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32, i32]
             getattr(self._lib, f"csx_pack_spmm_{suffix}").argtypes = [
-                ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, i32, i32, i32]
+                ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, i32, i32]
             getattr(self._lib, f"csx_sddmm_{suffix}").argtypes = [
                 ptr, ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i32]
             getattr(self._lib, f"csx_dense_rows_{suffix}").argtypes = [
@@ -256,13 +260,11 @@ class KernelLibrary:
 
     def spmm(self, indptr: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor,
              bias: torch.Tensor | None, in_features: int, packed_x: torch.Tensor,
-             tokens: int, threads: int | None = None, stream: bool = True,
-             prefetch: int = 0) -> torch.Tensor:
+             tokens: int, threads: int | None = None, stream: bool = True) -> torch.Tensor:
         """Y = X Aᵀ (+ bias), token-major [tokens, rows], for the CSR matrix A = (indptr, cols,
         vals) and X packed by :meth:`pack` from `tokens` tokens. `threads` overrides the
         count chosen from the work (tests use it to split small problems); `stream`=False
-        never streams Y past the cache; `prefetch` > 0 prefetches the tile of the non-zero
-        that many ahead."""
+        never streams Y past the cache."""
         rows = indptr.numel() - 1
         out = self.pool.take((tokens, rows), packed_x.dtype)
         self._fn("spmm", packed_x.dtype)(
@@ -270,12 +272,12 @@ class KernelLibrary:
             None if bias is None else bias.data_ptr(), rows, in_features,
             packed_x.data_ptr(), tokens, out.data_ptr(),
             threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens),
-            int(stream), prefetch)
+            int(stream))
         return out
 
     def pack_spmm(self, x: torch.Tensor, indptr: torch.Tensor, cols: torch.Tensor,
                   vals: torch.Tensor, bias: torch.Tensor | None, column_sums: bool = False,
-                  threads: int | None = None, stream: bool = True, prefetch: int = 0
+                  threads: int | None = None, stream: bool = True
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """:meth:`pack` then :meth:`spmm` over the packed x, in one call: (Y, x packed, x's
         column sums or None). Where both split the token blocks alike, each block is packed
@@ -296,7 +298,7 @@ class KernelLibrary:
             x.data_ptr(), packed.data_ptr(), None if sums is None else sums.data_ptr(),
             None if partial is None else partial.data_ptr(), pack_threads, indptr.data_ptr(),
             cols.data_ptr(), vals.data_ptr(), None if bias is None else bias.data_ptr(), rows,
-            features, tokens, y.data_ptr(), spmm_threads, int(stream), prefetch)
+            features, tokens, y.data_ptr(), spmm_threads, int(stream))
         return y, packed, sums
 
     def csr_from_mask(self, mask: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -19,10 +19,10 @@
  *   pack_spmm: pack then spmm in one call; where both split the token blocks alike, each
  *           thread packs a block right before it multiplies it (the forward packs X, the input
  *           gradient dY; both packed copies stay for sddmm).
- *   sddmm:  vals[k] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j] for each non-zero k (of row r,
- *           column cols[k]): the weight gradient as values in CSR order. Given a dense output
- *           too, also G[r, cols[k]] = vals[k] and 0 elsewhere in row r, written row by row by the
- *           thread that owns the row (no separate zero fill or scatter pass).
+ *   sddmm and the fused backward (dX and the weight gradient in one pass): _kernels_grad.c,
+ *           included at the end.
+ * Build variants (simulator.native.KernelVariant): CSX_VEC_BYTES=32 narrows the vectors on an
+ * AVX-512 build; streaming stores and the fused backward's prefetching are run-time arguments.
  *
  * Threads come from OpenMP, built with -fopenmp and linked to libgomp.so.1: torch has loaded
  * that library already, so the loader reuses it and these kernels run on torch's own thread

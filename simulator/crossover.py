@@ -16,21 +16,22 @@ every later process on the machine reads, because CSR and dense round differentl
 measurement per process moved the crossover density by ±0.05, so a GraNet run (density passing
 0.5 → 0.1) switched layers to CSR at different steps and the same seed gave different losses.
 The rule then compares the two predictions for the real shape, density and token count, so
-tiny layers and low sparsity stay dense without any hard-coded threshold.
-
-Which kernel variant a CSR layer runs (``simulator.native.KernelVariant``: vector width, split or
-fused backward, streamed or stored outputs) is measured in the same calibration (issue 46): every
-variant this CPU can build runs a forward+backward over weights as values on each of
-VARIANT_PROBES, a few layer shapes and densities chosen to cross the caches (activation tiles of
-one token block from 128 KiB to 1 MiB), and a layer runs the variant that was fastest on the
-probe nearest to its shape and density. The same kernels were 2-2.4x slower on an AVX-512 Xeon
-than on the EPYC they were tuned on: no one variant is fastest everywhere. The choice is part of
-the calibration file, so every process on a machine (and, through the job's calibration file,
-every replica of a job) runs the same variants, and the same seed gives the same losses. The same choice holds
+tiny layers and low sparsity stay dense without any hard-coded threshold. The same choice holds
 on a RigL/GraNet update step, which needs the dense weight gradient: CSR then runs its forward
 and input gradient plus the dense dYᵀX GEMM that the dense layer runs too; with the three CSR
 kernels at about the same cost per non-zero (bench/roofline.py) and the three GEMMs likewise,
 CSR is faster on an update step exactly where it is on an ordinary one.
+
+Which kernel variant a CSR layer runs (``simulator.native.KernelVariant``: vector width, split or
+fused backward, streamed or stored outputs, prefetching) is measured in the same calibration
+(issue 46): every variant of ``ALL_VARIANTS`` runs a forward+backward over weights as values on
+each of VARIANT_PROBES, a few layer shapes and densities chosen to cross the caches (activation
+tiles of one token block from 128 KiB to 1 MiB), and a layer runs the variant that was fastest on
+the probe nearest to its shape and density, if it beat the default by VARIANT_MARGIN. The same
+kernels were 2-2.4x slower on an AVX-512 Xeon than on the EPYC they were tuned on: no one variant
+is fastest everywhere. The choice is part of the calibration file, so every process on a machine
+(and, through the job's calibration file, every replica of a job) runs the same variants, and the
+same seed gives the same losses.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ CACHE_ENV = "CSX_KERNEL_CACHE"  # the folder of the per-machine measurements
 VARIANT_PROBES = ((512, 512, 0.1), (1024, 1024, 0.1), (1024, 1024, 0.03), (4096, 1024, 0.1),
                   (1024, 4096, 0.1))
 VARIANT_TOKENS = 256
-# Fastest of 3 per variant: the 16 variants times 5 probes are most of the calibration's time
+# Fastest of 3 per variant: the 14 variants times 5 probes are most of the calibration's time
 # (about 2 s on the 2-core Xeon, once per machine), and an interleaved round slowed by other
 # processes slows all of its variants alike.
 VARIANT_REPEATS = 3
@@ -80,7 +81,8 @@ CALIBRATION_VERSION = 4
 
 @dataclass(frozen=True)
 class VariantTiming:
-    """Forward+backward ms of every variant timed on one probe layer (fastest of REPEATS)."""
+    """Forward+backward ms of every variant timed on one probe layer (fastest of
+    VARIANT_REPEATS)."""
 
     out_features: int
     in_features: int
@@ -224,8 +226,8 @@ def variant_timings(device: torch.device, dtype: torch.dtype, backend: str
         return ()
     timings = []
     for out_features, in_features, density in VARIANT_PROBES:
-        # at most a 1024² layer's work per probe (fewer tokens for the larger layers), and two
-        # token blocks at least (fused2 passes over two at a time)
+        # at most a 512² layer's work at 256 tokens per probe (fewer tokens for the larger
+        # layers), and two token blocks at least (fused2 passes over two at a time)
         tokens = min(VARIANT_TOKENS, max(2 * BLOCK_TOKENS, VARIANT_TOKENS * 512 ** 2
                                          // (out_features * in_features)))
         generator = torch.Generator().manual_seed(0)

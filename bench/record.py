@@ -4,8 +4,8 @@ Issue 46: the same kernels ran 2-2.4x slower on an AVX-512 Xeon than on the EPYC
 results came from, and no result said which CPU produced it. Every bench script writes its JSON
 through :func:`write_json`, which adds ``machine``: the CPU as ``simulator.cpu.describe`` gives
 it (model, the SIMD/AMX flags that matter, caches per level, cores and threads), the flags the
-CSR kernels were (or would be) built with, torch and Python versions, and the load average at
-the start and end of the run (the machine is shared).
+CSR kernels were (or would be) built with, the commit of the code, torch and Python versions,
+and the load average at the start and end of the run (the machine is shared).
 
     from record import write_json          # bench/ is on sys.path when a script runs
     load_at_start = os.getloadavg()
@@ -18,11 +18,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout, not installed
 
 from simulator import cpu  # noqa: E402
 from simulator.native import ARCH_ENV, NATIVE_ARCH, flag_sets  # noqa: E402
@@ -36,12 +38,25 @@ def kernel_build(kernels: Any = None) -> dict:
     return {"binary": None, "flags": list(flag_sets(os.environ.get(ARCH_ENV, NATIVE_ARCH))[0])}
 
 
+def commit() -> str | None:
+    """The checkout's commit, "+changes" when files differ from it; None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, check=True, timeout=30).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                 cwd=REPO, capture_output=True, text=True, check=True,
+                                 timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+changes" if changed else "")
+
+
 def machine(kernels: Any = None, **extra: Any) -> dict:
     """This machine as a result records it; `extra` adds the script's own settings."""
     import torch
 
     return {"cpu": cpu.describe(), "summary": cpu.summary(), "kernel_build": kernel_build(kernels),
-            "torch": torch.__version__, "python": platform.python_version(),
+            "commit": commit(), "torch": torch.__version__, "python": platform.python_version(),
             "os": f"{platform.system()} {platform.release()}", **extra}
 
 

@@ -36,6 +36,7 @@ def test_a_result_records_the_cpu_the_kernel_build_and_the_load(tmp_path):
     machine = result["machine"]
     assert machine["cpu"] == json.loads(json.dumps(cpu.describe()))
     assert machine["summary"] == cpu.summary() and machine["threads"] == 1
+    assert machine["commit"] is None or len(machine["commit"].removesuffix("+changes")) == 40
     if kernels is not None:
         assert machine["kernel_build"] == {"binary": kernels.path.name,
                                            "flags": list(kernels.flags)}

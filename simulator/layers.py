@@ -157,18 +157,18 @@ class CSRLinear(nn.Module):
                 ) -> tuple[Literal["csr", "dense"], str, KernelVariant]:
         """The kernel, why, and the kernel variant a csr layer runs (the calibration's choice
         for this shape and density; the default variant without a calibration)."""
-        forced = self.policy != "auto" and self.calibration is None
-        if forced:
-            return self.policy, f"forced by kernel={self.policy!r}", DEFAULT_VARIANT
+        if self.policy != "auto":  # a given calibration still picks the variant
+            variant = (DEFAULT_VARIANT if self.calibration is None else
+                       self.calibration.variant_for(self.out_features, self.in_features, density))
+            return self.policy, f"forced by kernel={self.policy!r}", variant
+        if density == 1.0:
+            return "dense", "mask keeps every weight", DEFAULT_VARIANT
+        if self.weight.is_cuda:
+            return ("dense", "masked dense on CUDA (the CSR kernels are CPU kernels)",
+                    DEFAULT_VARIANT)
         cal = self.calibration or machine_calibration(self.weight.device, self.weight.dtype,
                                                       self.backend)
         variant = cal.variant_for(self.out_features, self.in_features, density)
-        if self.policy != "auto":
-            return self.policy, f"forced by kernel={self.policy!r}", variant
-        if density == 1.0:
-            return "dense", "mask keeps every weight", variant
-        if self.weight.is_cuda:
-            return "dense", "masked dense on CUDA (the CSR kernels are CPU kernels)", variant
         nnz = round(density * self.out_features * self.in_features)
         csr_s = cal.predict_csr_s(self.out_features, self.in_features, nnz, tokens)
         dense_s = cal.predict_dense_s(self.out_features, self.in_features, tokens)

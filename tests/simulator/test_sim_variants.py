@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict
 
@@ -60,7 +61,9 @@ def test_compiled_layers_run_their_shapes_variants_and_train_as_masked_dense():
     masks = [model[0].weight_mask, model[2].weight_mask]
     cal = calibration(timing(16, 16, 0.5, {"native/fused/store/pf0": 1.0}),
                       timing(64, 16, 0.5, {"256/split/stream/pf0": 1.0}))
-    simulator.compile(model, calibration=cal)
+    forced = simulator.compile(copy.deepcopy(model), kernel="csr")  # nothing measured
+    assert [d.variant for d in simulator.decisions(forced)] == [DEFAULT_VARIANT.name] * 2
+    simulator.compile(model, calibration=cal, kernel="csr")  # a calibration picks the variants
     decisions = simulator.decisions(model)
     assert [d.kernel for d in decisions] == ["csr", "csr"]
     assert [d.variant for d in decisions] == ["native/fused/store/pf0", "256/split/stream/pf0"]
@@ -138,3 +141,18 @@ def test_the_cpu_record_names_model_flags_caches_and_cores():
                                                  ("0,2,4-5", 4)])
 def test_shared_cpu_lists_are_counted(cpu_list, count):
     assert cpu._count_cpus(cpu_list) == count
+
+
+def test_a_layer_that_stays_dense_measures_nothing(monkeypatch):
+    """A full mask (or a CUDA weight) runs masked dense: no calibration, and so no variant, is
+    measured for it."""
+    from simulator import layers
+
+    def measure(*args):
+        raise AssertionError("measured a calibration for a layer that stays dense")
+    monkeypatch.setattr(layers, "machine_calibration", measure)
+    model = nn.Sequential(nn.Linear(8, 8))
+    model[0].register_buffer("weight_mask", torch.ones(8, 8, dtype=torch.bool))
+    simulator.compile(model)
+    [decision] = simulator.decisions(model)
+    assert decision.kernel == "dense" and decision.variant == DEFAULT_VARIANT.name

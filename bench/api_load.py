@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, func, select
 
+from record import write_json  # bench/ is on sys.path as a script
 from service.local_stack import HOST, StackProcess, free_port, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,6 +197,7 @@ def main() -> int:
                         help="offered load of the paced phase, req/s")
     parser.add_argument("--deadline_s", type=float, default=120.0, help="per phase")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()  # a shared machine: the run's neighbours, recorded
     total = args.requests or (200 if args.quick else 1000)
     clients = args.clients or (20 if args.quick else 50)
 
@@ -210,13 +211,11 @@ def main() -> int:
         "offered_req_per_s": args.rate, "meets_target": meets,
         "exact": saturated["exact"] and paced["exact"],
         "server": "uvicorn, 1 process, SQLite WAL, paused queue",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "phases": [saturated, paced],
     }
     print(f"targets (>= {TARGET_REQ_PER_S:g} req/s, p99 <= {TARGET_P99_MS:g} ms at "
           f"{args.rate:g} req/s): {'met' if meets else 'MISSED'}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(RESULTS, result, load_at_start=load_at_start)
     return 0 if result["exact"] else 1
 
 

@@ -11,7 +11,6 @@ Writes bench/results/corpus_validate_memory.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -23,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout, not installed
 
 from csx_config import JobSpec, parse_yaml  # noqa: E402
+from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
 
 CORPUS = ROOT / "tests" / "fixtures" / "modelzoo_corpus"
 
@@ -51,6 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=3, help="how many of the largest files")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()
     sized = [(s, p) for p in sorted(CORPUS.glob("*/*/*.yaml")) if (s := size_of(p)) is not None]
     largest = [p for _, p in sorted(sized, reverse=True)[: args.files]]
     floor, _ = peak_mb([sys.executable, "-c", "import torch"])
@@ -65,7 +66,7 @@ def main() -> None:
     result = {"import_torch_mb": round(floor, 1), "files": rows, "target_mb": 1024,
               "within_target": all(r["peak_mb"] < 1024 for r in rows)}
     out = ROOT / "bench" / "results" / "corpus_validate_memory.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result, load_at_start=load_at_start)
     print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -6,6 +6,11 @@ Compared side by side in one run, per weight shape, token count, sparsity and th
                  installs): the values gathered from W and a dense dW written every call
   csr values     the same over W's values in CSR order ("weights as values"): no gather, the
                  weight gradient as values (no dense dW)
+  csr values default  csr values on the default kernel variant (the kernels before issue 46),
+                 where this machine's calibration chose another one for the shape
+Both csr forms run the kernel variant this machine's calibration
+(simulator.crossover.machine_calibration) chose for the shape and density, as the fabric's
+layers do; each row names it.
   torch sparse   the same autograd function on torch.sparse.mm + torch.sparse.sampled_addmm
   scipy          scipy.sparse CSR products (+ a chunked sampled dW), when scipy is installed
   csr_before     with --before COMMIT: that commit's simulator (its csr_linear and kernels,
@@ -18,9 +23,11 @@ time = a + b · density: `a`, the fixed cost that does not shrink with sparsity 
 share of the masked dense step; the issue asks for <= 4%), and the marginal rate 6 · tokens ·
 in · out / b (GFLOP/s of a fully dense pattern at the kernels' rate per non-zero); masked dense
 / a is the most any kernel speed could give. Times are medians of
-interleaved runs; with one thread they are the calling thread's CPU time (all work runs on it),
-which other processes on a shared machine disturb far less than wall time; with more threads,
-wall time. Writes bench/results/csr_linear.json.
+interleaved runs (each row also holds the fastest run, *_min_ms, and the ratios of those:
+a shared machine slows some runs, never speeds one up); with one thread they are the calling
+thread's CPU time (all work runs on it), which other processes on a shared machine disturb far
+less than wall time; with more threads, wall time. Writes bench/results/csr_linear.json, with
+the machine (bench/record.py) and the variant chosen per shape.
 
     python bench/csr_linear.py [--quick] [--threads 1,2] [--before COMMIT]
 """
@@ -29,9 +36,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
-import platform
+from dataclasses import asdict
 import statistics
 import subprocess
 import sys
@@ -44,9 +50,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
-from simulator.crossover import calibrate  # noqa: E402
+from simulator.crossover import machine_calibration  # noqa: E402
 from simulator.csr import CSRStructure, csr_linear, weight_values  # noqa: E402
-from simulator.native import ARCH_ENV, NATIVE_ARCH, load_kernels  # noqa: E402
+from simulator.native import ARCH_ENV, DEFAULT_VARIANT, NATIVE_ARCH, load_kernels  # noqa: E402
+
+from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
 
 try:
     import numpy as np
@@ -59,7 +67,9 @@ TOKENS = [512, 2048]
 SPARSITIES = [0.5, 0.8, 0.9, 0.95, 0.97, 0.99]
 TARGETS = {0.9: 4.5, 0.97: 10.0}
 FIT_FROM = 0.9  # the fit's sparsities: where the targets are, and time is linear in density
-CSR_VARIANTS = ("csr", "csr_values", "csr_before", "csr_values_before")
+CSR_VARIANTS = ("csr", "csr_values", "csr_values_default", "csr_before", "csr_values_before")
+BASELINES = ("torch_sparse", "scipy", "csr_values", "csr_values_default", "csr_before",
+             "csr_values_before")
 # torch sparse and scipy take seconds per call at low sparsity; they are timed from here up
 # so that the default run stays within about three minutes.
 SLOW_BASELINES_FROM = 0.9
@@ -94,10 +104,10 @@ def dense_step(x, weight, mask, upstream):
     F.linear(x, weight * mask).backward(upstream)
 
 
-def csr_step(x, weight, structure, upstream, backend):
+def csr_step(x, weight, structure, upstream, backend, variant=DEFAULT_VARIANT):
     """One forward + backward; `weight` is the dense W or its values in CSR order."""
     x.grad = weight.grad = None
-    csr_linear(x, weight, None, structure, backend=backend).backward(upstream)
+    csr_linear(x, weight, None, structure, backend=backend, variant=variant).backward(upstream)
 
 
 def scipy_step(x_np, w_csr, upstream_np, rows, cols, chunk=1 << 16):
@@ -116,8 +126,9 @@ def clock() -> float:
     return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
 
 
-def time_interleaved(fns: dict, reps: int) -> dict[str, float]:
-    """Median ms per function, the functions alternating so drift hits all of them alike."""
+def time_interleaved(fns: dict, reps: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median and fastest ms per function, the functions alternating so drift hits all of them
+    alike."""
     for fn in fns.values():
         fn()  # warm-up
     samples = {name: [] for name in fns}
@@ -126,10 +137,11 @@ def time_interleaved(fns: dict, reps: int) -> dict[str, float]:
             start = clock()
             fn()
             samples[name].append((clock() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return ({name: statistics.median(values) for name, values in samples.items()},
+            {name: min(values) for name, values in samples.items()})
 
 
-def bench_case(out_f, in_f, tokens, sparsity, reps, with_scipy, before=None):
+def bench_case(out_f, in_f, tokens, sparsity, reps, with_scipy, variant, before=None):
     gen = torch.Generator().manual_seed(0)
     mask = torch.rand(out_f, in_f, generator=gen) >= sparsity
     weight = (torch.randn(out_f, in_f, generator=gen) * mask).requires_grad_(True)
@@ -137,8 +149,10 @@ def bench_case(out_f, in_f, tokens, sparsity, reps, with_scipy, before=None):
     upstream = torch.randn(tokens, out_f, generator=gen)
     structure = CSRStructure.from_mask(mask)
     values = weight_values(load_kernels(), structure, weight.detach()).requires_grad_(True)
-    fns = {"csr": lambda: csr_step(x, weight, structure, upstream, "auto"),
-           "csr_values": lambda: csr_step(x, values, structure, upstream, "auto")}
+    fns = {"csr": lambda: csr_step(x, weight, structure, upstream, "auto", variant),
+           "csr_values": lambda: csr_step(x, values, structure, upstream, "auto", variant)}
+    if variant != DEFAULT_VARIANT:
+        fns["csr_values_default"] = lambda: csr_step(x, values, structure, upstream, "auto")
     if before is not None:
         old_structure = before.CSRStructure.from_mask(mask)
 
@@ -163,8 +177,8 @@ def bench_case(out_f, in_f, tokens, sparsity, reps, with_scipy, before=None):
         x_np, up_np = x.detach().numpy(), upstream.numpy()
         fns["scipy"] = lambda: scipy_step(x_np, w_csr, up_np, rows, cols)
     fns["masked_dense"] = lambda: dense_step(x, weight, mask, upstream)
-    times = time_interleaved(fns, reps)
-    return times, structure.nnz, structure.build_ms
+    times, fastest = time_interleaved(fns, reps)
+    return times, fastest, structure.nnz, structure.build_ms
 
 
 def fixed_cost_fit(group: list[dict], variant: str) -> dict | None:
@@ -212,9 +226,10 @@ def headline(flat: list[dict], groups: list[dict]) -> dict:
     summary = {f"min_speedup_at_{sparsity}": min(r["csr_speedup"] for r in flat
                                                  if r["sparsity"] == sparsity)
                for sparsity in TARGETS if any(r["sparsity"] == sparsity for r in flat)}
-    summary.update({f"min_values_speedup_at_{sparsity}": min(
-        r["csr_values_speedup"] for r in flat if r["sparsity"] == sparsity)
-        for sparsity in TARGETS if any(r["sparsity"] == sparsity for r in flat)})
+    for key in ("csr_values_speedup", "csr_values_speedup_of_fastest"):
+        summary.update({f"min_{key.removeprefix('csr_')}_at_{sparsity}": min(
+            r[key] for r in flat if r["sparsity"] == sparsity)
+            for sparsity in TARGETS if any(r["sparsity"] == sparsity for r in flat)})
     summary.update({f"median_speedup_at_{sparsity}": statistics.median(
         r["csr_speedup"] for r in flat if r["sparsity"] == sparsity)
         for sparsity in TARGETS if any(r["sparsity"] == sparsity for r in flat)})
@@ -253,24 +268,28 @@ def main() -> None:
     kernels = load_kernels()
     print(f"native kernels: {kernels.path if kernels else 'unavailable (torch fallback)'}; "
           f"scipy: {'yes' if with_scipy else 'no'}")
-    rows, groups = [], []
+    rows, groups, calibrations = [], [], {}
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
-        calibration = calibrate()
+        calibration = calibrations[threads] = machine_calibration()
         for out_f, in_f in shapes:
             for tokens in tokens_list:
                 group = []
                 for sparsity in sparsities:
-                    times, nnz, build_ms = bench_case(out_f, in_f, tokens, sparsity, reps,
-                                                      with_scipy, before)
+                    variant = calibration.variant_for(out_f, in_f, 1.0 - sparsity)
+                    times, fastest, nnz, build_ms = bench_case(
+                        out_f, in_f, tokens, sparsity, reps, with_scipy, variant, before)
                     dense_ms = times.pop("masked_dense")
                     row = {"shape": [out_f, in_f], "tokens": tokens, "threads": threads,
-                           "sparsity": sparsity, "nnz": nnz, "masked_dense_ms": dense_ms,
+                           "sparsity": sparsity, "nnz": nnz, "variant": variant.name,
+                           "masked_dense_ms": dense_ms,
                            **{f"{k}_ms": v for k, v in times.items()},
+                           **{f"{k}_min_ms": v for k, v in fastest.items()},
                            "csr_rebuild_ms": build_ms,
-                           "csr_speedup": dense_ms / times["csr"]}
-                    for baseline in ("torch_sparse", "scipy", "csr_values", "csr_before",
-                                     "csr_values_before"):
+                           "csr_speedup": dense_ms / times["csr"],
+                           "csr_values_speedup_of_fastest":
+                               fastest["masked_dense"] / fastest["csr_values"]}
+                    for baseline in BASELINES:
                         if baseline in times:
                             row[f"{baseline}_speedup"] = dense_ms / times[baseline]
                     target = TARGETS.get(sparsity)
@@ -279,13 +298,13 @@ def main() -> None:
                         row["meets_target"] = row["csr_values_speedup"] >= target
                     group.append(row)
                     print(f"t={threads} W={out_f}x{in_f} T={tokens:5d} s={sparsity:.2f} "
-                          f"dense {dense_ms:7.1f} ms | csr {times['csr']:7.2f} ms "
-                          f"({row['csr_speedup']:5.2f}x)"
+                          f"[{variant.name}] dense {dense_ms:7.1f} ms | csr "
+                          f"{times['csr']:7.2f} ms ({row['csr_speedup']:5.2f}x)"
                           + "".join(f" | {b.replace('_', ' ')} {times[b]:7.1f} ms "
                                     f"({row[b + '_speedup']:4.2f}x)"
-                                    for b in ("torch_sparse", "scipy", "csr_values",
-                                              "csr_before", "csr_values_before")
-                                    if b in times)
+                                    for b in BASELINES if b in times)
+                          + f" | fastest runs: csr values "
+                            f"{row['csr_values_speedup_of_fastest']:.2f}x"
                           + ("" if target is None else
                              f"  target {target:g}x (csr values): {'ok' if row['meets_target'] else 'MISS'}"),
                           flush=True)
@@ -309,23 +328,21 @@ def main() -> None:
     flat = [row for group in rows for row in group]
     misses = [r for r in flat if r.get("meets_target") is False]
     for key, value in headline(flat, groups).items():
-        if key.startswith(("min_speedup", "min_values_speedup", "median_speedup")):
+        if key.startswith(("min_speedup", "min_values_speedup", "median_speedup")):  # both kinds
             print(f"{key}: {value:.2f}x (target {TARGETS[float(key.rsplit('_', 1)[1])]:g}x)")
     print(f"targets met: {sum(r.get('meets_target') is True for r in flat)}"
           f"/{sum('target' in r for r in flat)}; misses: "
           + ("none" if not misses else "; ".join(
               f"W={r['shape']} T={r['tokens']} s={r['sparsity']} t={r['threads']} "
               f"csr values {r['csr_values_speedup']:.2f}x < {r['target']}x" for r in misses)))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "native_kernels": kernels is not None,
-                    "kernel_arch": os.environ.get(ARCH_ENV, NATIVE_ARCH)},
-        "load_average_1_5_15min": {"start": load_at_start, "end": os.getloadavg()},
+    write_json(args.out, {
         "quick": args.quick, "before_commit": args.before, "clock": (
             "thread CPU time with 1 thread, wall time with more"),
-        **headline(flat, groups), "rows": flat, "crossover": groups},
-        indent=2))
+        **headline(flat, groups), "rows": flat, "crossover": groups,
+        "variant_timings": {threads: [asdict(t) for t in cal.variant_timings]
+                            for threads, cal in calibrations.items()}},
+        load_at_start=load_at_start, kernels=kernels,
+        kernel_arch=os.environ.get(ARCH_ENV, NATIVE_ARCH))
     print(f"wrote {args.out}")
 
 

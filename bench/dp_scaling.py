@@ -15,10 +15,8 @@ Writes bench/results/dp_scaling.json.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -30,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from workers.runner import run_job  # noqa: E402
 from csx_config import JobSpec  # noqa: E402
+from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dp_scaling.json"
 TARGET_RATIO = 1.7
@@ -84,6 +83,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
     parser.add_argument("--seq-len", type=int, default=128)
     args = parser.parse_args()
+    load_at_start = os.getloadavg()
     if args.quick:
         args.steps, args.preset, args.seq_len = 10, "tiny", 64
     spec = JobSpec.from_yaml(SPEC.format(batch=args.batch, seq_len=args.seq_len,
@@ -99,14 +99,11 @@ def main() -> None:
           f"[{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}]")
     print(f"machine ceiling for 2 single-threaded processes: {ceiling:.2f}x; "
           f"the runner reaches {100 * ratio / ceiling:.0f}% of it")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    write_json(RESULTS, {
         "preset": args.preset, "global_batch": args.batch, "seq_len": args.seq_len,
         "steps": args.steps, "runs": runs, "scaling_ratio": ratio, "target_ratio": TARGET_RATIO,
         "meets_target": ratio >= TARGET_RATIO, "machine_ceiling_ratio": ceiling,
-        "fraction_of_ceiling": ratio / ceiling, "cpus": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0], "python": platform.python_version(),
-    }, indent=2) + "\n")
+        "fraction_of_ceiling": ratio / ceiling}, load_at_start=load_at_start)
 
 
 if __name__ == "__main__":

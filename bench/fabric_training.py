@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import math
 import os
 import sys
@@ -45,11 +44,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import simulator  # noqa: E402
 from simulator.csr import weight_values  # noqa: E402
+from simulator.native import load_kernels  # noqa: E402
 import sparsity  # noqa: E402
 from workers.model import build_model, preset_config  # noqa: E402
 
 from csr_linear import (csr_step, dense_step,  # noqa: E402  (bench/ is on sys.path as a script)
                         load_before)
+from record import write_json  # noqa: E402
 from roofline import fastest_ms  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fabric_training.json"
@@ -240,10 +241,8 @@ def main() -> None:
             results[model_name].update({
                 "fabric_before": before,
                 "before_tokens_per_s_ratio": before["tokens_per_s"] / dense["tokens_per_s"]})
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    write_json(args.out, {
         "steps": steps, "threads": torch.get_num_threads(), "before_commit": args.before,
-        "load_average_1_5_15min": {"start": load_at_start, "end": os.getloadavg()},
         "clock": "thread CPU time" if torch.get_num_threads() == 1 else "wall",
         "batch": BATCH, "seq_len": SEQ_LEN, "sparsity": SPARSITY, "update_freq": UPDATE_FREQ,
         **{f"{name}_tokens_per_s_ratio": ratio for name, ratio in ratios.items()},
@@ -252,7 +251,7 @@ def main() -> None:
         "target_ratio": TARGET_RATIO,
         "meets_target": (ratios[TARGET_MODEL] >= TARGET_RATIO if TARGET_MODEL in ratios
                          else None),
-        "models": results}, indent=2))
+        "models": results}, load_at_start=load_at_start, kernels=load_kernels())
     print(f"wrote {args.out}")
 
 

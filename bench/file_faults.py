@@ -38,6 +38,8 @@ sys.path[:0] = [str(ROOT / "tests" / "service"), str(ROOT / "tests" / "workers")
 from service_helpers import job_folder, make_token, wait_status  # noqa: E402
 from workers_helpers import memory_headroom, same_state  # noqa: E402
 
+from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
+
 RESULTS = ROOT / "bench" / "results" / "file_faults.json"
 PARAMS = {
     "train_input": {"batch_size": 4, "max_sequence_length": 16},
@@ -254,9 +256,9 @@ def table_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
+    load_at_start = os.getloadavg()
     rows, sound = run_faults()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"meets_target": sound, "faults": rows}, indent=2) + "\n")
+    write_json(RESULTS, {"meets_target": sound, "faults": rows}, load_at_start=load_at_start)
     for row in rows:
         detail = row.get("reason") or row.get("resumed_from") or ""
         print(f"{row['fault']:<55} {row['state'][:60]:<60} {row['seconds_to_state']:>7} s  "

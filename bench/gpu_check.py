@@ -18,7 +18,7 @@ runs (the seeded run's masks and a short CPU timing), so the script itself is ex
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from csx_config import JobSpec  # noqa: E402  (after the repo is importable)
+from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
 from workers.train import train  # noqa: E402
 
 MASK_SPEC = """
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the results go")
     parser.add_argument("--quick", action="store_true", help="10 timed GPU steps (make bench)")
     args = parser.parse_args(argv)
+    load_at_start = os.getloadavg()
     if args.quick:
         args.steps = 10
     results: dict[str, Any] = {"torch": torch.__version__, "cpu_threads": torch.get_num_threads()}
@@ -134,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"-> masked step {dense / masked:.3f}x the dense step (target <= 1.05)")
             print(f"GPU vs CPU ({torch.get_num_threads()} threads), masked: {masked:,.0f} vs "
                   f"{cpu:,.0f} tokens/s = {masked / cpu:.1f}x")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+    write_json(args.json, results, load_at_start=load_at_start)
     failed = cuda and (results["gpu_tests"].startswith("FAILED")
                        or results["masks"] == "INITIAL MASKS DIFFER")
     return 1 if failed else 0

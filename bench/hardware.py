@@ -41,6 +41,7 @@ import ray  # noqa: E402  (after the repo is importable)
 import ray.cloudpickle  # noqa: E402
 
 from csx_config import JobSpec  # noqa: E402
+from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
 from workers.hardware import usable_cores  # noqa: E402
 from workers.runner import connect_ray, start_job  # noqa: E402
 
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="4 steps, one round (make bench)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "hardware.json")
     args = parser.parse_args(argv)
+    load_at_start = os.getloadavg()
     if args.quick:
         args.steps, args.rounds = 4, 1
     # Ray Train's fastest setting measured here (docs/design.md §6); read by its controller.
@@ -225,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_ray_train:
             results["ray_train"] = ray_train_startup(folder / "ray_train")
             print(f"Ray Train TorchTrainer, 2 workers, trivial loop: {results['ray_train']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    write_json(args.out, results, load_at_start=load_at_start)
     ray.shutdown()
     return 0
 

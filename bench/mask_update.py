@@ -16,9 +16,8 @@ sort. Writes bench/results/mask_update.json.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
+import os
 import statistics
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from torch import nn
 
 import sparsity
+from record import write_json  # bench/ is on sys.path as a script
 
 RESULTS = Path(__file__).resolve().parent / "results" / "mask_update.json"
 SIZES = (10**5, 10**6, 10**7)
@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    load_at_start = os.getloadavg()  # a shared machine: the run's neighbours, recorded
     torch.set_num_threads(args.threads)
     sizes = SIZES[:2] if args.quick else SIZES
     repeats = 2 if args.quick else 5
@@ -156,13 +157,11 @@ def main() -> None:
               f"full sort {row['full_sort_ns_per_param']:6.1f} ns/param, "
               f"{row['speedup']:.2f}x  {'ok' if row['meets_target'] else 'MISS'}", flush=True)
     largest = rows[-1]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "threads": args.threads},
+    write_json(args.out, {
         "quick": args.quick, "ns_per_param_at_largest": largest["ours_ns_per_param"],
         "speedup_vs_full_sort_at_largest": largest["speedup"],
-        "meets_target": all(r["meets_target"] for r in rows), "rows": rows}, indent=2))
+        "meets_target": all(r["meets_target"] for r in rows), "rows": rows},
+        load_at_start=load_at_start, threads=args.threads)
     print(f"wrote {args.out}")
 
 

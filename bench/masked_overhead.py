@@ -42,8 +42,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import platform
+import os
 import statistics
 import sys
 import time
@@ -57,6 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import sparsity  # noqa: E402
 from workers.model import build_model, preset_config  # noqa: E402
+
+from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "masked_overhead.json"
 PRESET, BATCH, SEQ_LEN = "small", 4, 128
@@ -226,6 +227,7 @@ def main() -> None:
                         help="torch's default AdamW instead of the fused kernel the trainer uses")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    load_at_start = os.getloadavg()  # a shared machine: the run's neighbours, recorded
     torch.set_num_threads(args.threads)
     steps = args.steps or (8 if args.quick else 40)
     warmup = 2 if args.quick else 3
@@ -279,10 +281,7 @@ def main() -> None:
         print(f"  peer {name}: {why}")
     meets = all(r["ratio"] <= r["target"] for r in rows if r["target"] is not None) and (
         fastest_peer is None or ordinary_ms <= fastest_peer.median_ms())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "threads": torch.get_num_threads()},
+    write_json(args.out, {
         "config": {"preset": PRESET, "parameters": params, "masked_parameters": sparse_params,
                    "batch": BATCH, "seq_len": SEQ_LEN, "sparsity": SPARSITY,
                    "drop_fraction": DROP_FRACTION, "update_freq": UPDATE_FREQ,
@@ -297,7 +296,8 @@ def main() -> None:
         "missing_peers": missing_peers,
         "ours_to_fastest_peer_ratio": (ordinary_ms / fastest_peer.median_ms()
                                        if fastest_peer is not None else None),
-        "meets_target": meets, "rows": rows}, indent=2))
+        "meets_target": meets, "rows": rows}, load_at_start=load_at_start,
+        threads=torch.get_num_threads())
     print(f"wrote {args.out}")
 
 

@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -56,7 +54,8 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, func, select
 
-from recovery import run_recovery  # bench/, this script's folder
+from record import write_json  # bench/, this script's folder
+from recovery import run_recovery
 from service.db import upgrade_database
 from service.local_stack import HOST, StackProcess, free_port, wait_until_up
 from service.models import Job
@@ -288,6 +287,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=int, default=3600,
                         help="stop everything after this many seconds")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()  # a shared machine: the run's neighbours, recorded
     signal.signal(signal.SIGALRM, _out_of_budget)
     signal.alarm(args.budget_s)
     total, clients = (200, 20) if args.quick else (1000, 50)
@@ -298,13 +298,11 @@ def main() -> int:
     sound = all(r["lost"] == 0 and r["duplicated"] == 0 and r["answers_5xx"] == 0
                 and r["accepted"] == total for r in runs)
     recovered = all(r["resumed"] and r["bit_identical"] for r in recoveries)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    write_json(RESULTS, {
         "sound": sound, "recovered_bit_identical": recovered if recoveries else None,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "client": "httpx.AsyncClient in the same machine's cores", "runs": runs,
         "recovery": recoveries, "faults_handled": faults_sound if faults else None,
-        "faults": faults}, indent=2) + "\n")
+        "faults": faults}, load_at_start=load_at_start)
     print(f"0 lost, 0 duplicated, 0 x 5xx, all accepted: {'yes' if sound else 'NO'}")
     if recoveries:
         print(f"worker and API kills resumed, final checkpoints bit-identical: "

@@ -22,6 +22,10 @@ tiling can make the real pattern faster than that. Forward + backward of the thr
 and folded, against the masked dense layer (F.linear over W * mask, forward + backward) gives the
 ratio each reaches: the folded one is the most this kernel design can give (issue 35's
 targets: 4.5x at 90%, 10x at 97%).
+The variant the fabric runs: each case also times the forward and backward (weights as values)
+on the kernel variant this machine's calibration chose for the shape and density
+(simulator.crossover.machine_calibration), against the sum of the three kernels' bounds: how far
+the machine's choice is from its own roofline (bench/run_all.py tabulates it per shape).
 With --before COMMIT, that commit's kernels (loaded as bench/csr_linear.py does) run interleaved
 with these in the same cases, and each row also holds their time and fractions (a before/after
 measured side by side).
@@ -29,7 +33,7 @@ Times are the fastest of --reps runs, all functions of a case interleaved so tha
 other processes hits them alike; with one thread they are the calling thread's CPU time
 (everything runs on it), which a machine shared with other work disturbs far less than wall
 time; with more threads, wall time.
-Writes bench/results/roofline.json.
+Writes bench/results/roofline.json, with the machine (bench/record.py).
 
     python bench/roofline.py [--quick] [--threads 1,2] [--before COMMIT]
 """
@@ -38,9 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -49,10 +51,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
-from simulator.csr import CSRStructure, native_kernel_calls  # noqa: E402
+from simulator.crossover import machine_calibration  # noqa: E402
+from simulator.csr import (CSRStructure, native_kernel_calls, native_variant_calls,  # noqa: E402
+                           weight_values)
 from simulator.native import ARCH_ENV, NATIVE_ARCH, load_kernels  # noqa: E402
 
 from csr_linear import dense_step, load_before  # noqa: E402  (bench/ is on sys.path as a script)
+from record import write_json  # noqa: E402
 
 SHAPES = [(1024, 1024), (4096, 1024)]
 TOKENS = [512, 2048]
@@ -122,6 +127,7 @@ def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s, kernels,
                        "weight_grad": lambda: grad_y.t().mm(x)}, reps)
     dense_gflops = {k: dense_flops / ms / 1e6 for k, ms in dense.items()}
     rows, cases = [], []
+    calibration = machine_calibration()
     for sparsity in SPARSITIES:
         mask = torch.rand(out_f, in_f, generator=gen) >= sparsity
         structure = CSRStructure.from_mask(mask)
@@ -129,6 +135,11 @@ def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s, kernels,
         folded = dataclasses.replace(structure, cols=structure.cols % FOLD_COLUMNS,
                                      cols_t=structure.cols_t % FOLD_COLUMNS)
         calls = native_kernel_calls(kernels, structure, weight, x, grad_y)
+        variant = calibration.variant_for(out_f, in_f, 1.0 - sparsity)
+        variant_kernels = load_kernels(variant)
+        calls.update({f"variant_{name}": fn for name, fn in native_variant_calls(
+            variant_kernels, structure, weight_values(variant_kernels, structure, weight), x,
+            grad_y, variant).items()})
         calls.update({f"folded_{name}": fn for name, fn in
                       native_kernel_calls(kernels, folded, weight, x, grad_y).items()})
         if before is not None:
@@ -169,10 +180,16 @@ def bench_shape(out_f, in_f, tokens, threads, reps, bandwidth, l2_gb_s, kernels,
         masked_ms = masked_dense_ms(weight, x, grad_y, mask, reps)
         kernels_ms = sum(times[kernel] for kernel in KERNELS)
         folded_ms = sum(times[f"folded_{kernel}"] for kernel in KERNELS)
+        variant_ms = times["variant_forward"] + times["variant_backward"]
+        bound_ms = sum(row["bound_ms"] for row in rows[-len(KERNELS):])
         cases.append({"shape": [out_f, in_f], "tokens": tokens, "threads": threads,
                       "sparsity": sparsity, "masked_dense_ms": masked_ms,
                       "kernels_ms": kernels_ms, "l1_folded_ms": folded_ms,
-                      "ratio": masked_ms / kernels_ms, "l1_folded_ratio": masked_ms / folded_ms})
+                      "ratio": masked_ms / kernels_ms, "l1_folded_ratio": masked_ms / folded_ms,
+                      "variant": variant.name, "variant_forward_ms": times["variant_forward"],
+                      "variant_backward_ms": times["variant_backward"], "variant_ms": variant_ms,
+                      "bound_ms": bound_ms, "variant_fraction_of_bound": bound_ms / variant_ms,
+                      "variant_ratio": masked_ms / variant_ms})
     return rows, cases
 
 
@@ -197,7 +214,10 @@ def print_cases(cases: list[dict]) -> None:
         print(f"   {c['shape'][0]}x{c['shape'][1]} {c['tokens']} tokens s={c['sparsity']:.2f}: "
               f"masked dense {c['masked_dense_ms']:.2f} ms; the three kernels "
               f"{c['kernels_ms']:.2f} ms = {c['ratio']:.2f}x; every activation in L1 "
-              f"{c['l1_folded_ms']:.2f} ms = {c['l1_folded_ratio']:.2f}x", flush=True)
+              f"{c['l1_folded_ms']:.2f} ms = {c['l1_folded_ratio']:.2f}x; chosen variant "
+              f"{c['variant']}: {c['variant_ms']:.2f} ms = {c['variant_ratio']:.2f}x, "
+              f"{c['variant_fraction_of_bound']:.2f} of the {c['bound_ms']:.2f} ms roofline",
+              flush=True)
 
 
 def summary(rows: list[dict], cases: list[dict]) -> dict:
@@ -209,6 +229,9 @@ def summary(rows: list[dict], cases: list[dict]) -> dict:
         if mine:
             out[f"min_kernels_ratio_at_{sparsity}"] = min(c["ratio"] for c in mine)
             out[f"min_l1_folded_ratio_at_{sparsity}"] = min(c["l1_folded_ratio"] for c in mine)
+            out[f"min_variant_ratio_at_{sparsity}"] = min(c["variant_ratio"] for c in mine)
+            out[f"min_variant_fraction_of_bound_at_{sparsity}"] = min(
+                c["variant_fraction_of_bound"] for c in mine)
             out[f"target_at_{sparsity}"] = target
     for kernel in KERNELS:
         mine = [r for r in rows if r["kernel"] == kernel]
@@ -232,6 +255,7 @@ def main() -> None:
     parser.add_argument("--before", default=None,
                         help="git commit whose kernels run side by side (a before/after)")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()  # a shared machine: the run's neighbours, recorded
     before = load_before(args.before) if args.before else None
     kernels = load_kernels()
     if kernels is None:
@@ -257,15 +281,12 @@ def main() -> None:
     result = summary(rows, cases)
     for key, value in result.items():
         print(f"{key}: {value:.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "kernels": str(kernels.path.name),
-                    "kernel_arch": os.environ.get(ARCH_ENV, NATIVE_ARCH)},
+    write_json(args.out, {
         "quick": args.quick, "reps": reps, "before_commit": args.before,
         "dram_copy_gb_s": bandwidth_by_threads,
         "l2_read_gb_s_per_core": l2_gb_s,
-        **result, "rows": rows, "cases": cases}, indent=2))
+        **result, "rows": rows, "cases": cases}, load_at_start=load_at_start, kernels=kernels,
+        kernel_arch=os.environ.get(ARCH_ENV, NATIVE_ARCH))
     print(f"wrote {args.out}")
 
 

@@ -2,7 +2,10 @@
 
 Each benchmark is a standalone script that writes bench/results/<name>.json; this runs them one
 after another (they time CPUs, so never side by side), then tabulates each one's headline
-numbers: its top-level ratios, rates and latencies, with the machine they were measured on.
+numbers: its top-level ratios, rates and latencies, with the machine they were measured on
+(the CPU as every result records it, bench/record.py), and per layer shape of bench/roofline.py
+the kernel variant this machine's calibration chose and how far it is from the machine's own
+roofline.
 
     python bench/run_all.py [--quick] [--only csr_linear,dp_scaling]
 
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import re
 import subprocess
@@ -23,13 +25,18 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+
+from simulator import cpu  # noqa: E402
+
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 SUMMARY = RESULTS / "summary.md"
 BENCHMARKS_PAGE = BENCH.parent / "docs" / "benchmarks.md"
 PAGE_START, PAGE_END = "<!-- bench-summary -->", "<!-- /bench-summary -->"
-# Not benchmarks: this runner, and recovery (a phase of reliability, which runs it).
-NOT_BENCHMARKS = {"run_all", "recovery"}
+# Not benchmarks: this runner, recovery (a phase of reliability, which runs it) and the
+# results' machine record.
+NOT_BENCHMARKS = {"run_all", "recovery", "record"}
 HEADLINE = re.compile(r"ratio|per_s|per_param|_ms$|speedup|meets_target|targets_met|crossover|efficiency|fraction")
 
 
@@ -47,16 +54,26 @@ def headline(result: dict) -> str:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if "model name" in line),
-                 cpu)
-    return f"{model}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, " \
+    return f"{cpu.summary()}; {platform.system()} {platform.release()}, " \
            f"Python {platform.python_version()}"
 
 
-def _cpuinfo() -> list[str]:
-    path = Path("/proc/cpuinfo")
-    return path.read_text().splitlines() if path.exists() else []
+def variant_table(roofline: dict) -> list[str]:
+    """Markdown rows: per shape, tokens, threads and sparsity of a roofline result, the kernel
+    variant the calibration chose, its forward+backward time, the roofline bound and the
+    fraction of it reached, and the speed-up over masked dense."""
+    summary = roofline.get("machine", {}).get("summary", "the machine it names")
+    rows = [f"Kernel variants chosen on {summary} (bench/results/roofline.json):", "",
+            "| shape | tokens | threads | sparsity | variant | fwd+bwd ms | roofline ms "
+            "| of roofline | x masked dense |", "|---|---|---|---|---|---|---|---|---|"]
+    for case in roofline.get("cases", []):
+        if "variant" not in case:  # a result from before the variants
+            continue
+        rows.append(f"| {case['shape'][0]}x{case['shape'][1]} | {case['tokens']} | "
+                    f"{case['threads']} | {case['sparsity']:.0%} | `{case['variant']}` | "
+                    f"{case['variant_ms']:.2f} | {case['bound_ms']:.2f} | "
+                    f"{case['variant_fraction_of_bound']:.2f} | {case['variant_ratio']:.2f} |")
+    return rows + [""] if len(rows) > 4 else []
 
 
 def run(name: str, quick: bool) -> tuple[int, float]:
@@ -90,11 +107,13 @@ def main() -> int:
             cells = f"exit code {code}"
         rows.append(f"| `{name}` | {'ok' if code == 0 else 'FAILED'} | {wall_s:.0f} | {cells} |")
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    roofline = RESULTS / "roofline.json"
+    variants = variant_table(json.loads(roofline.read_text())) if "roofline" in names else []
     SUMMARY.write_text("\n".join([
         f"Measured {stamp} on {machine()}"
         + (" (`--quick`)" if args.quick else "") + "; regenerate with `make bench`.", "",
         "| benchmark | status | wall s | headline (bench/results/<name>.json) |",
-        "|---|---|---|---|", *rows, ""]), encoding="utf-8")
+        "|---|---|---|---|", *rows, "", *variants]), encoding="utf-8")
     print(SUMMARY.read_text())
     if not args.only:  # the guide shows a complete run only
         update_benchmarks_page(SUMMARY.read_text(encoding="utf-8"))

@@ -19,10 +19,10 @@
  *   pack_spmm: pack then spmm in one call; where both split the token blocks alike, each
  *           thread packs a block right before it multiplies it (the forward packs X, the input
  *           gradient dY; both packed copies stay for sddmm).
- *   sddmm:  vals[k] = sum_{b, j} Gb[b, r, j] * Xb[b, cols[k], j] for each non-zero k (of row r,
- *           column cols[k]): the weight gradient as values in CSR order. Given a dense output
- *           too, also G[r, cols[k]] = vals[k] and 0 elsewhere in row r, written row by row by the
- *           thread that owns the row (no separate zero fill or scatter pass).
+ *   sddmm and the fused backward (dX and the weight gradient in one pass): _kernels_grad.c,
+ *           included at the end.
+ * Build variants (simulator.native.KernelVariant): CSX_VEC_BYTES=32 narrows the vectors on an
+ * AVX-512 build; streaming stores and the fused backward's prefetching are run-time arguments.
  *
  * Threads come from OpenMP, built with -fopenmp and linked to libgomp.so.1: torch has loaded
  * that library already, so the loader reuses it and these kernels run on torch's own thread
@@ -37,11 +37,22 @@
 #include <stdlib.h>
 
 #define MAX_THREADS 64
+/* The threads of an OpenMP parallel region (one without OpenMP). */
+#ifdef _OPENMP
+#include <omp.h>
+#define TEAM_SIZE() omp_get_num_threads()
+#define TEAM_MEMBER() omp_get_thread_num()
+#else
+#define TEAM_SIZE() 1
+#define TEAM_MEMBER() 0
+#endif
 #define BLOCK 64         /* tokens per block; exported as csx_block_tokens() */
 /* One vector register where the compiler targets AVX-512, else 32 bytes (one AVX2 register, two
  * SSE/NEON ones): a vector wider than the machine's registers makes GCC split it and spill the
  * accumulators, measured 4.5x slower spmm on an AVX2-only EPYC. */
-#if defined(__AVX512F__)
+#if defined(CSX_VEC_BYTES) /* a build variant: 32-byte vectors on an AVX-512 machine */
+#define VEC_BYTES CSX_VEC_BYTES
+#elif defined(__AVX512F__)
 #define VEC_BYTES 64
 #else
 #define VEC_BYTES 32
@@ -61,11 +72,11 @@
  * (extract, add) takes log2(lanes) steps: measured sddmm 1.16-1.34x faster with AVX-512 and
  * 1.20-1.24x on an AVX2 build (bench/roofline.py shapes). __builtin_shuffle halving instead
  * made GCC rebuild the index vectors per call, 2x slower: hence the intrinsics. */
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && VEC_BYTES == 64
 #include <immintrin.h>
 #define HSUM_f32(v) _mm512_reduce_add_ps((__m512)(v))
 #define HSUM_f64(v) _mm512_reduce_add_pd((__m512d)(v))
-#elif defined(__AVX__)
+#elif defined(__AVX__) && VEC_BYTES == 32
 #include <immintrin.h>
 static inline float hsum256_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -97,11 +108,11 @@ static inline double hsum256_pd(__m256d v) {
  * (cache-sized: the consumer would find them in L2) keep plain stores. Stores need a
  * vector-aligned address and an sfence before another thread reads them. */
 #define STREAM_MIN_BYTES (256 * 1024)
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && VEC_BYTES == 64
 #define STREAM_f32(p, v) _mm512_stream_ps((p), (__m512)(v))
 #define STREAM_f64(p, v) _mm512_stream_pd((p), (__m512d)(v))
 #define STREAM_FENCE() _mm_sfence()
-#elif defined(__AVX__)
+#elif defined(__AVX__) && VEC_BYTES == 32
 #define STREAM_f32(p, v) _mm256_stream_ps((p), (__m256)(v))
 #define STREAM_f64(p, v) _mm256_stream_pd((p), (__m256d)(v))
 #define STREAM_FENCE() _mm_sfence()
@@ -192,11 +203,15 @@ typedef struct {
     const void *vals;
     const void *bias;
     const void *src;   /* Xb for spmm/sddmm, the token-major matrix for pack */
-    const void *grad;  /* Gb for sddmm */
+    const void *grad;  /* Gb for sddmm and backward */
     void *out;
-    void *dense;       /* sddmm: the dense gradient to write as well, or NULL */
-    int64_t begin, end; /* this thread's rows (spmm, sddmm) or blocks (pack) */
-    int64_t features;   /* columns of W (spmm, sddmm) or of the token-major matrix (pack) */
+    void *dense;       /* sddmm: the dense gradient to write as well, or NULL; backward: the
+                          weight gradient summed in W^T's order (scratch) */
+    void *grad_values; /* backward: the weight gradient, values in W's CSR order */
+    const int64_t *order; /* backward: W^T's j-th non-zero is W's order[j]-th */
+    int64_t begin, end; /* this thread's rows (spmm, sddmm, backward) or blocks (pack) */
+    int64_t features;   /* columns of the CSR matrix (spmm, sddmm, backward: W^T's) or of the
+                           token-major matrix (pack) */
     int64_t blocks, tokens; /* token blocks; real tokens */
     int64_t rows;           /* rows of W (spmm, sddmm) */
     int by_blocks;          /* spmm: begin/end are token blocks (of every row), not rows */
@@ -205,6 +220,8 @@ typedef struct {
     const void *unpacked;   /* spmm: token-major X, packed into src block by block just before
                                the block is used (pack fused in), or NULL: src comes packed */
     int stream;             /* spmm: write Y with streaming stores where aligned */
+    int prefetch;           /* backward: prefetch the upstream tiles of the non-zero this many
+                               ahead (0: none) */
 } work_t;
 
 /* Ranges [bounds[i], bounds[i+1]) of `units`: equal non-zeros per thread when indptr is given,
@@ -274,15 +291,18 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
     /* LANES token rows at a time (outer) across all features (inner): LANES rows are read    \
      * sequentially, which the hardware prefetchers follow. Features outer read one line from  \
      * each of the block's 64 rows per step (64 streams) and measured 1.25-1.35x slower. */    \
+    /* Blocks [begin, end) of x, features [f_begin, f_end) (f_begin a multiple of LANES), into    \
+     * xb at block index b - skip (skip > 0: into a buffer holding fewer blocks). */               \
     static void pack_blocks_##S(const T *x, int64_t tokens, int64_t n, int64_t begin,             \
-                                int64_t end, T *xb, T *sums) {                                    \
+                                int64_t end, int64_t f_begin, int64_t f_end, int64_t skip, T *xb, \
+                                T *sums) {                                                        \
         for (int64_t b = begin; b < end; b++) {                                                   \
-            T *dst = xb + b * n * BLOCK;                                                          \
+            T *dst = xb + (b - skip) * n * BLOCK;                                                 \
             const T *src = x + b * BLOCK * n;                                                     \
             const int64_t valid = tokens - b * BLOCK < BLOCK ? tokens - b * BLOCK : BLOCK;        \
             for (int64_t j0 = 0; j0 < BLOCK; j0 += LANES_##S) {                                   \
-                for (int64_t c0 = 0; c0 < n; c0 += LANES_##S) {                                   \
-                    const int64_t c1 = c0 + LANES_##S < n ? c0 + LANES_##S : n;                   \
+                for (int64_t c0 = f_begin; c0 < f_end; c0 += LANES_##S) {                         \
+                    const int64_t c1 = c0 + LANES_##S < f_end ? c0 + LANES_##S : f_end;           \
                     if (c1 - c0 == LANES_##S && j0 + LANES_##S <= valid) {                        \
                         vec_##S v[LANES_##S];                                                     \
                         for (int j = 0; j < LANES_##S; j++)                                       \
@@ -316,8 +336,8 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
     }                                                                                             \
                                                                                                   \
     static void pack_worker_##S(const work_t *w) {                                                \
-        pack_blocks_##S((const T *)w->src, w->tokens, w->features, w->begin, w->end,              \
-                        (T *)w->out, thread_sums_##S(w));                                         \
+        pack_blocks_##S((const T *)w->src, w->tokens, w->features, w->begin, w->end, 0,           \
+                        w->features, 0, (T *)w->out, thread_sums_##S(w));                         \
     }                                                                                             \
                                                                                                   \
     /* sums = the threads' partial sums added in thread order (what pack returns). */             \
@@ -327,15 +347,46 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
             for (int64_t c = 0; c < features; c++) sums[c] += partial[i * features + c];          \
     }                                                                                             \
                                                                                                   \
+    /* The LANES rows [r0, r1) of token block b, held as a tile (tile[r][q]: row r's q-th vector \
+     * of tokens), written token-major into y ([tokens, m]): transposed in registers so that    \
+     * each token gets LANES contiguous outputs (a whole cache line), streamed past the cache   \
+     * when `stream` (and the lines are aligned). spmm's output and the fused backward's dX.    \
+     * Stores need an sfence before another thread reads streamed lines. */                     \
+    static inline __attribute__((always_inline)) void write_tile_##S(                             \
+        vec_##S (*tile)[VECS_##S], int64_t r0, int64_t r1, int64_t b, int64_t valid, int64_t m,   \
+        T *y, int stream) {                                                                       \
+        if (r1 - r0 == LANES_##S) {                                                               \
+            stream = stream && r0 % LANES_##S == 0; /* aligned lines */                           \
+            for (int q = 0; q < VECS_##S; q++) {                                                  \
+                vec_##S v[LANES_##S];                                                             \
+                for (int r = 0; r < LANES_##S; r++) v[r] = tile[r][q];                            \
+                transpose_##S(v);                                                                 \
+                for (int j = 0; j < LANES_##S && q * LANES_##S + j < valid; j++) {                \
+                    T *line = y + (b * BLOCK + q * LANES_##S + j) * m + r0;                       \
+                    if (stream)                                                                   \
+                        STREAM_##S(line, v[j]);                                                   \
+                    else                                                                          \
+                        *(vec_##S *)line = v[j];                                                  \
+                }                                                                                 \
+            }                                                                                     \
+            return;                                                                               \
+        }                                                                                         \
+        const T *flat = (const T *)tile;                                                          \
+        for (int64_t j = 0; j < valid; j++)                                                       \
+            for (int64_t r = 0; r < r1 - r0; r++)                                                 \
+                y[(b * BLOCK + j) * m + r0 + r] = flat[r * BLOCK + j];                            \
+    }                                                                                             \
+                                                                                                  \
     /* Rows of one token block are computed LANES at a time into an L1-resident tile, which is  \
-     * then transposed in registers and written token-major: each token gets LANES contiguous   \
-     * outputs (a whole cache line), and no token-blocked copy of Y ever reaches memory.        \
+     * then written token-major by write_tile: no token-blocked copy of Y ever reaches memory.  \
      * Measured against this on an AVX-512 Xeon (48 KiB L1d, 2 MiB L2), all slower or equal:    \
      * L1-sized column panels of the block (Y rows of the block kept in L2, or 32-128-row        \
      * chunks kept in L1; 10-50% slower: a row has only ~3-13 non-zeros per panel, and the      \
-     * per-row-and-panel overhead outweighs the L1 hits), 4 accumulator sets instead of 2,      \
-     * prefetching the tile 8 non-zeros ahead, prefetching or streaming (non-temporal) the Y    \
-     * lines, and BLOCK 32 or 128 instead of 64 (all within +-7%). */                           \
+     * per-row-and-panel overhead outweighs the L1 hits; remeasured for issue 46 with 64-256-   \
+     * feature panels and 32-128-row chunks: 0-35% slower), 4 accumulator sets instead of 2     \
+     * (issue 46: within +-3%), prefetching the tile 4-32 non-zeros ahead (1 to 4 lines: within \
+     * the noise, +-10%; as a calibrated variant, 8 ahead, up to 1.15x slower at 4096 x 1024),   \
+     * and BLOCK 32 or 128 instead of 64 (all within +-7%). */                                   \
     static void spmm_worker_##S(const work_t *w) {                                                \
         const T *vals = (const T *)w->vals, *bias = (const T *)w->bias;                           \
         const int64_t n = w->features, m = w->rows;                                               \
@@ -348,8 +399,8 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
         T *sums = w->unpacked ? thread_sums_##S(w) : 0;                                           \
         for (int64_t b = block_begin; b < block_end; b++) {                                       \
             if (w->unpacked) /* by_blocks: this thread packs the blocks it reads */               \
-                pack_blocks_##S((const T *)w->unpacked, w->tokens, n, b, b + 1, (T *)w->src,      \
-                                sums);                                                            \
+                pack_blocks_##S((const T *)w->unpacked, w->tokens, n, b, b + 1, 0, n, 0,          \
+                                (T *)w->src, sums);                                               \
             const T *xb = (const T *)w->src + b * n * BLOCK;                                      \
             const int64_t valid = w->tokens - b * BLOCK < BLOCK ? w->tokens - b * BLOCK : BLOCK;  \
             for (int64_t r0 = row_begin; r0 < row_end; r0 += LANES_##S) {                        \
@@ -379,78 +430,10 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
                     }                                                                             \
                     for (int q = 0; q < VECS_##S; q++) tile[r - r0][q] = a[q] + c[q];             \
                 }                                                                                 \
-                if (r1 - r0 == LANES_##S) {                                                       \
-                    const int stream = w->stream && r0 % LANES_##S == 0; /* aligned lines */      \
-                    for (int q = 0; q < VECS_##S; q++) {                                          \
-                        vec_##S v[LANES_##S];                                                     \
-                        for (int r = 0; r < LANES_##S; r++) v[r] = tile[r][q];                    \
-                        transpose_##S(v);                                                         \
-                        for (int j = 0; j < LANES_##S && q * LANES_##S + j < valid; j++) {        \
-                            T *line = y + (b * BLOCK + q * LANES_##S + j) * m + r0;               \
-                            if (stream)                                                           \
-                                STREAM_##S(line, v[j]);                                           \
-                            else                                                                  \
-                                *(vec_##S *)line = v[j];                                          \
-                        }                                                                         \
-                    }                                                                             \
-                    continue;                                                                     \
-                }                                                                                 \
-                const T *flat = (const T *)tile;                                                  \
-                for (int64_t j = 0; j < valid; j++)                                               \
-                    for (int64_t r = 0; r < r1 - r0; r++)                                         \
-                        y[(b * BLOCK + j) * m + r0 + r] = flat[r * BLOCK + j];                    \
+                write_tile_##S(tile, r0, r1, b, valid, m, y, w->stream);                          \
             }                                                                                     \
         }                                                                                         \
         if (w->stream) STREAM_FENCE();                                                            \
-    }                                                                                             \
-                                                                                                  \
-    /* One row's gradient for GROUP blocks (GROUP * VECS vectors) stays in registers while each  \
-     * of the row's non-zeros streams its activation tile past it: one load per FMA and one      \
-     * horizontal reduction per GROUP * VECS FMAs. */                                             \
-    static inline __attribute__((always_inline)) void sddmm_rows_##S(                             \
-        const work_t *w, int64_t b0, int group, T *out) {                                         \
-        const int64_t n = w->features, m = w->rows;                                               \
-        const T *gsrc = (const T *)w->grad, *xsrc = (const T *)w->src;                            \
-        for (int64_t r = w->begin; r < w->end; r++) {                                             \
-            const int32_t kbegin = w->indptr[r], kend = w->indptr[r + 1];                         \
-            if (kbegin == kend) continue;                                                         \
-            vec_##S g[SDDMM_VECS_##S];                                                            \
-            for (int i = 0; i < group * VECS_##S; i++)                                            \
-                g[i] = ((const vec_##S *)(gsrc + ((b0 + i / VECS_##S) * m + r) * BLOCK))          \
-                    [i % VECS_##S];                                                               \
-            for (int32_t k = kbegin; k < kend; k++) {                                             \
-                const T *x = xsrc + (b0 * n + w->cols[k]) * BLOCK;                                \
-                vec_##S acc[SDDMM_ACCS] = {{0}};                                                  \
-                for (int i = 0; i < group * VECS_##S; i++)                                        \
-                    acc[i % SDDMM_ACCS] += g[i] *                                                 \
-                        ((const vec_##S *)(x + (i / VECS_##S) * n * BLOCK))[i % VECS_##S];        \
-                for (int a = 1; a < SDDMM_ACCS; a++) acc[0] += acc[a];                            \
-                out[k] += HSUM_##S(acc[0]);                                                       \
-            }                                                                                     \
-        }                                                                                         \
-    }                                                                                             \
-                                                                                                  \
-    /* The sums accumulate over the token groups in the output values themselves: CSR order, so  \
-     * each thread's rows own one contiguous, L2-sized stretch of them (summing in a dense        \
-     * gradient instead touched a scattered cache line per non-zero and group, measured 1.5x     \
-     * slower at 4096 x 1024 and 2048 tokens). Only when a dense gradient is asked for does a    \
-     * second pass write its rows (zeroed, then the row's sums scattered in), by the same thread  \
-     * while its sums are still in cache. */                                                      \
-    static void sddmm_worker_##S(const work_t *w) {                                               \
-        const int64_t n = w->features;                                                            \
-        T *sums = (T *)w->out;                                                                    \
-        for (int64_t k = w->indptr[w->begin]; k < w->indptr[w->end]; k++) sums[k] = 0;            \
-        int64_t b0 = 0;                                                                           \
-        for (; b0 + SDDMM_GROUP_##S <= w->blocks; b0 += SDDMM_GROUP_##S)                          \
-            sddmm_rows_##S(w, b0, SDDMM_GROUP_##S, sums);                                         \
-        for (; b0 < w->blocks; b0++) sddmm_rows_##S(w, b0, 1, sums);                              \
-        T *grad = (T *)w->dense;                                                                  \
-        if (!grad) return;                                                                        \
-        for (int64_t r = w->begin; r < w->end; r++) {                                             \
-            T *row = grad + r * n;                                                                \
-            for (int64_t c = 0; c < n; c++) row[c] = 0;                                           \
-            for (int32_t k = w->indptr[r]; k < w->indptr[r + 1]; k++) row[w->cols[k]] = sums[k];  \
-        }                                                                                         \
     }                                                                                             \
                                                                                                   \
     /* out[k] = src[index[k]]: the non-zero values in CSR order, gathered from the dense W (or    \
@@ -472,16 +455,18 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
         if (sums) add_partials_##S(sums, partial, used, features);                                \
     }                                                                                             \
                                                                                                   \
-    /* Whether spmm streams its output Y [tokens, rows]: large enough, and whole vectors of a     \
-     * token's outputs aligned (rows a multiple of the lanes, Y vector-aligned). */               \
-    static int streams_##S(const T *y, int64_t rows, int64_t tokens) {                            \
-        return rows * tokens * (int64_t)sizeof(T) >= STREAM_MIN_BYTES && rows % LANES_##S == 0    \
-            && (uintptr_t)y % VEC_BYTES == 0;                                                     \
+    /* Whether an output Y [tokens, rows] is streamed: asked for (`stream`, a kernel variant:    \
+     * issue 46 measured streaming 0.9-1.1x on an AVX-512 Xeon, where the EPYC gained), large    \
+     * enough, and whole vectors of a token's outputs aligned (rows a multiple of the lanes, Y   \
+     * vector-aligned). */                                                                       \
+    static int streams_##S(int stream, const T *y, int64_t rows, int64_t tokens) {                \
+        return stream && rows * tokens * (int64_t)sizeof(T) >= STREAM_MIN_BYTES                   \
+            && rows % LANES_##S == 0 && (uintptr_t)y % VEC_BYTES == 0;                            \
     }                                                                                             \
                                                                                                   \
     void csx_spmm_##S(const int32_t *indptr, const int32_t *cols, const T *vals, const T *bias,   \
                       int64_t rows, int64_t features, const T *xb, int64_t tokens, T *y,          \
-                      int threads) {                                                              \
+                      int threads, int stream) {                                                  \
         /* Token blocks split evenly across the threads when they can: each thread then reads     \
          * only the blocks it packed itself (pack splits blocks the same way), from its own L2,   \
          * and writes whole token rows of Y. Measured on 2 cores against splitting rows by        \
@@ -492,7 +477,7 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
         const work_t proto = {.indptr = indptr, .cols = cols, .vals = vals, .bias = bias,         \
                               .src = xb, .out = y, .features = features, .blocks = blocks,        \
                               .tokens = tokens, .rows = rows, .by_blocks = by_blocks,             \
-                              .stream = streams_##S(y, rows, tokens)};                            \
+                              .stream = streams_##S(stream, y, rows, tokens)};                    \
         if (by_blocks)                                                                            \
             run_threads(spmm_worker_##S, &proto, 0, blocks, threads);                             \
         else                                                                                      \
@@ -508,30 +493,27 @@ static int run_threads(void (*fn)(const work_t *), const work_t *proto, const in
     void csx_pack_spmm_##S(const T *x, T *xb, T *sums, T *partial, int pack_threads,              \
                            const int32_t *indptr, const int32_t *cols, const T *vals,             \
                            const T *bias, int64_t rows, int64_t features, int64_t tokens, T *y,   \
-                           int threads) {                                                         \
+                           int threads, int stream) {                                             \
         const int64_t blocks = (tokens + BLOCK - 1) / BLOCK;                                      \
         if (threads != pack_threads || (threads > 1 && blocks % threads != 0)) {                  \
             csx_pack_##S(x, tokens, features, xb, sums, partial, pack_threads);                   \
-            csx_spmm_##S(indptr, cols, vals, bias, rows, features, xb, tokens, y, threads);       \
+            csx_spmm_##S(indptr, cols, vals, bias, rows, features, xb, tokens, y, threads,        \
+                         stream);                                                                 \
             return;                                                                               \
         }                                                                                         \
         const work_t proto = {.indptr = indptr, .cols = cols, .vals = vals, .bias = bias,         \
                               .src = xb, .out = y, .features = features, .blocks = blocks,        \
                               .tokens = tokens, .rows = rows, .by_blocks = 1, .unpacked = x,      \
                               .partial = sums ? partial : 0,                                      \
-                              .stream = streams_##S(y, rows, tokens)};                            \
+                              .stream = streams_##S(stream, y, rows, tokens)};                    \
         const int used = run_threads(spmm_worker_##S, &proto, 0, blocks, threads);                \
         if (sums) add_partials_##S(sums, partial, used, features);                                \
-    }                                                                                             \
-                                                                                                  \
-    void csx_sddmm_##S(const int32_t *indptr, const int32_t *cols, int64_t rows,                 \
-                       int64_t features, const T *gb, const T *xb, int64_t blocks, T *vals,       \
-                       T *dense, int threads) {                                                   \
-        const work_t proto = {.indptr = indptr, .cols = cols, .src = xb, .grad = gb,              \
-                              .out = vals, .dense = dense, .features = features,                  \
-                              .blocks = blocks, .rows = rows};                                    \
-        run_threads(sddmm_worker_##S, &proto, indptr, rows, threads);                             \
     }
+
+/* The weight-gradient kernels (sddmm, and the fused backward): DEFINE_GRAD_KERNELS. */
+#include "_kernels_grad.c"
 
 DEFINE_KERNELS(float, f32, int32_t)
 DEFINE_KERNELS(double, f64, int64_t)
+DEFINE_GRAD_KERNELS(float, f32, int32_t)
+DEFINE_GRAD_KERNELS(double, f64, int64_t)

@@ -21,6 +21,17 @@ on a RigL/GraNet update step, which needs the dense weight gradient: CSR then ru
 and input gradient plus the dense dYᵀX GEMM that the dense layer runs too; with the three CSR
 kernels at about the same cost per non-zero (bench/roofline.py) and the three GEMMs likewise,
 CSR is faster on an update step exactly where it is on an ordinary one.
+
+Which kernel variant a CSR layer runs (``simulator.native.KernelVariant``: vector width, split or
+fused backward, streamed or stored outputs, prefetching) is measured in the same calibration
+(issue 46): every variant of ``ALL_VARIANTS`` runs a forward+backward over weights as values on
+each of VARIANT_PROBES, a few layer shapes and densities chosen to cross the caches (activation
+tiles of one token block from 128 KiB to 1 MiB), and a layer runs the variant that was fastest on
+the probe nearest to its shape and density, if it beat the default by VARIANT_MARGIN. The same
+kernels were 2-2.4x slower on an AVX-512 Xeon than on the EPYC they were tuned on: no one variant
+is fastest everywhere. The choice is part of the calibration file, so every process on a machine
+(and, through the job's calibration file, every replica of a job) runs the same variants, and the
+same seed gives the same losses.
 """
 
 from __future__ import annotations
@@ -28,17 +39,19 @@ from __future__ import annotations
 import fcntl
 import functools
 import json
+import math
 import os
-import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from simulator.csr import Backend, CSRStructure, csr_linear, resolve_backend
+from simulator.cpu import cpu_model, summary
+from simulator.csr import Backend, CSRStructure, csr_linear, resolve_backend, weight_values
+from simulator.native import ALL_VARIANTS, DEFAULT_VARIANT, KernelVariant
 
 PROBE_FEATURES = 512
 PROBE_TOKENS = 256
@@ -47,11 +60,58 @@ TINY_TOKENS = 8
 PROBE_DENSITIES = (0.5, 0.05)
 REPEATS = 5
 CACHE_ENV = "CSX_KERNEL_CACHE"  # the folder of the per-machine measurements
+# (out_features, in_features, density) of the layers the kernel variants are timed on: one token
+# block's activation tile (features x 64 tokens x 4 B) from 128 KiB to 1 MiB on either side, so
+# a shape near each probe puts the same pressure on L1 and L2.
+VARIANT_PROBES = ((512, 512, 0.1), (1024, 1024, 0.1), (1024, 1024, 0.03), (4096, 1024, 0.1),
+                  (1024, 4096, 0.1))
+VARIANT_TOKENS = 256
+# Fastest of 3 per variant: the 14 variants times 5 probes are most of the calibration's time
+# (about 2 s on the 2-core Xeon, once per machine), and an interleaved round slowed by other
+# processes slows all of its variants alike.
+VARIANT_REPEATS = 3
+# How much faster than the default variant another must be timed to replace it: two variants
+# within 5% of each other swapped places from one calibration to the next on the shared Xeon.
+VARIANT_MARGIN = 0.05
+BLOCK_TOKENS = 64  # the kernels' token block (csx_block_tokens): fewer tokens time a padded block
+# Part of the per-machine file's name: a file written before the variants were timed is not
+# read as a calibration without them (it would pin every layer to the old kernels).
+CALIBRATION_VERSION = 4
+
+
+@dataclass(frozen=True)
+class VariantTiming:
+    """Forward+backward ms of every variant timed on one probe layer (fastest of
+    VARIANT_REPEATS)."""
+
+    out_features: int
+    in_features: int
+    density: float
+    tokens: int
+    ms: tuple[tuple[str, float], ...]  # (variant name, ms), in the order they were timed
+
+    @property
+    def fastest(self) -> str:
+        """The fastest variant's name (the first timed of equals), or the default variant's
+        where none beat it by more than VARIANT_MARGIN: the old kernels stay unless another
+        variant is measurably faster, not by the noise of a shared machine."""
+        name, ms = min(self.ms, key=lambda item: item[1])
+        default = dict(self.ms).get(DEFAULT_VARIANT.name)
+        return DEFAULT_VARIANT.name if default is not None and default <= ms * (
+            1 + VARIANT_MARGIN) else name
+
+    def distance(self, out_features: int, in_features: int, density: float) -> float:
+        """How far a layer is from this probe: log2 ratios of both sides and of the density."""
+        return math.dist((math.log2(self.out_features), math.log2(self.in_features),
+                          math.log2(self.density)),
+                         (math.log2(out_features), math.log2(in_features),
+                          math.log2(max(density, 1e-6))))
 
 
 @dataclass(frozen=True)
 class KernelCalibration:
-    """Fitted per-call and per-unit costs in seconds (see the module docstring)."""
+    """Fitted per-call and per-unit costs in seconds (see the module docstring), the kernel
+    variants' timings, and the CPU they were measured on (``simulator.cpu.summary``)."""
 
     dense_call_s: float
     dense_s_per_mac: float
@@ -60,6 +120,46 @@ class KernelCalibration:
     csr_s_per_feature: float
     backend: str
     threads: int
+    variant_timings: tuple[VariantTiming, ...] = ()
+    cpu: str = ""
+
+    def __post_init__(self) -> None:
+        # read back from JSON: lists and dicts where the dataclasses have tuples and timings
+        timings = tuple(t if isinstance(t, VariantTiming)
+                        else VariantTiming(**{**t, "ms": tuple(tuple(item) for item in t["ms"])})
+                        for t in self.variant_timings)
+        object.__setattr__(self, "variant_timings", timings)
+
+    def variant_for(self, out_features: int, in_features: int,
+                    density: float) -> KernelVariant:
+        """The variant fastest on the probe nearest to this layer (the pre-issue-46 kernels
+        where none were timed, e.g. a calibration file written before)."""
+        if not self.variant_timings:
+            return DEFAULT_VARIANT
+        nearest = min(self.variant_timings,
+                      key=lambda t: t.distance(out_features, in_features, density))
+        return KernelVariant.from_name(nearest.fastest)
+
+    def measurements(self) -> list[float]:
+        """Every measured number, in a fixed order (see :meth:`with_measurements`)."""
+        costs = [getattr(self, f.name) for f in fields(self) if f.type in ("float", float)]
+        return costs + [ms for timing in self.variant_timings for _, ms in timing.ms]
+
+    def with_measurements(self, values: list[float]) -> "KernelCalibration":
+        """This calibration with its measurements replaced by `values` (as
+        :meth:`measurements` orders them): replicas of a job average theirs, so they choose the
+        same kernels and variants."""
+        names = [f.name for f in fields(self) if f.type in ("float", float)]
+        values = list(values)
+        costs, rest = dict(zip(names, values[:len(names)])), values[len(names):]
+        timings = []
+        for timing in self.variant_timings:
+            ms, rest = rest[:len(timing.ms)], rest[len(timing.ms):]
+            timings.append(VariantTiming(timing.out_features, timing.in_features,
+                                         timing.density, timing.tokens,
+                                         tuple((name, value) for (name, _), value
+                                               in zip(timing.ms, ms))))
+        return KernelCalibration(**{**asdict(self), **costs, "variant_timings": tuple(timings)})
 
     def predict_dense_s(self, out_features: int, in_features: int, tokens: int) -> float:
         return self.dense_call_s + tokens * out_features * in_features * self.dense_s_per_mac
@@ -77,8 +177,10 @@ class KernelCalibration:
 
 
 def _probe(features: int, tokens: int, density: float | None, device: torch.device,
-           dtype: torch.dtype, backend: str) -> Callable[[], None]:
-    """A closure running one forward+backward of the probe layer (dense when density is None)."""
+           dtype: torch.dtype, backend: str,
+           variant: KernelVariant = DEFAULT_VARIANT) -> Callable[[], None]:
+    """A closure running one forward+backward of the square probe layer (dense when density
+    is None) on the dense weight."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(features, features, generator=generator, dtype=dtype).to(device)
     weight.requires_grad_(True)
@@ -89,7 +191,8 @@ def _probe(features: int, tokens: int, density: float | None, device: torch.devi
     else:
         mask = (torch.rand(features, features, generator=generator) < density).to(device)
         structure = CSRStructure.from_mask(mask)
-        layer = lambda: csr_linear(x, weight, None, structure, backend=backend)  # noqa: E731
+        layer = lambda: csr_linear(x, weight, None, structure, backend=backend,  # noqa: E731
+                                   variant=variant)
 
     def run() -> None:
         x.grad = weight.grad = None
@@ -99,20 +202,52 @@ def _probe(features: int, tokens: int, density: float | None, device: torch.devi
     return run
 
 
-def _fastest_times(probes: dict[str, Callable[[], None]], device: torch.device
-                   ) -> dict[str, float]:
-    """Fastest of REPEATS runs per probe, the probes interleaved so that load from other
+def _fastest_times(probes: dict[str, Callable[[], None]], device: torch.device,
+                   repeats: int = REPEATS) -> dict[str, float]:
+    """Fastest of `repeats` runs per probe, the probes interleaved so that load from other
     processes hits all of them alike; the first round only warms up."""
     on_this_thread = device.type == "cpu" and torch.get_num_threads() == 1
     clock = time.thread_time if on_this_thread else time.perf_counter
     best = dict.fromkeys(probes, float("inf"))
-    for round_index in range(REPEATS + 1):
+    for round_index in range(repeats + 1):
         for name, run in probes.items():
             start = clock()
             run()
             if round_index:
                 best[name] = min(best[name], clock() - start)
     return best
+
+
+def variant_timings(device: torch.device, dtype: torch.dtype, backend: str
+                    ) -> tuple[VariantTiming, ...]:
+    """Every variant (``simulator.native.ALL_VARIANTS``) timed on every probe of
+    VARIANT_PROBES (none on the torch backend, which has no variants)."""
+    if backend != "native":
+        return ()
+    timings = []
+    for out_features, in_features, density in VARIANT_PROBES:
+        # at most a 512² layer's work at 256 tokens per probe (fewer tokens for the larger
+        # layers), and two token blocks at least (fused2 passes over two at a time)
+        tokens = min(VARIANT_TOKENS, max(2 * BLOCK_TOKENS, VARIANT_TOKENS * 512 ** 2
+                                         // (out_features * in_features)))
+        generator = torch.Generator().manual_seed(0)
+        weight = torch.randn(out_features, in_features, generator=generator, dtype=dtype)
+        x = torch.randn(tokens, in_features, generator=generator, dtype=dtype).to(device)
+        mask = torch.rand(weight.shape, generator=generator) < density
+        structure = CSRStructure.from_mask(mask.to(device))
+        values = weight_values(None, structure, weight.to(device)).requires_grad_(True)
+        x.requires_grad_(True)
+        upstream = torch.randn(tokens, out_features, generator=generator, dtype=dtype).to(device)
+
+        def step(variant: KernelVariant) -> None:
+            x.grad = values.grad = None
+            csr_linear(x, values, None, structure, backend=backend,
+                       variant=variant).backward(upstream)
+        times = _fastest_times({v.name: functools.partial(step, v) for v in ALL_VARIANTS},
+                               device, VARIANT_REPEATS)
+        timings.append(VariantTiming(out_features, in_features, density, tokens,
+                                     tuple((name, ms * 1e3) for name, ms in times.items())))
+    return tuple(timings)
 
 
 def fit(times: dict[str, float], backend: str, threads: int) -> KernelCalibration:
@@ -138,14 +273,21 @@ def _calibrate(device: torch.device, dtype: torch.dtype, threads: int,
                backend: str) -> KernelCalibration:
     f, t = PROBE_FEATURES, PROBE_TOKENS
     high, low = PROBE_DENSITIES
+    measured = KernelCalibration(0.0, 0.0, 0.0, 0.0, 0.0, backend, threads,
+                                 variant_timings(device, dtype, backend), summary())
+    # the crossover's CSR probes run the variants the layers of their shapes would run
+    variant = {density: measured.variant_for(f, f, density) for density in (high, low, 0.5)}
     times = _fastest_times({
         "dense_big": _probe(f, t, None, device, dtype, backend),
         "dense_tiny": _probe(TINY_FEATURES, TINY_TOKENS, None, device, dtype, backend),
-        "csr_high": _probe(f, t, high, device, dtype, backend),
-        "csr_low": _probe(f, t, low, device, dtype, backend),
-        "csr_tiny": _probe(TINY_FEATURES, TINY_TOKENS, 0.5, device, dtype, backend),
+        "csr_high": _probe(f, t, high, device, dtype, backend, variant[high]),
+        "csr_low": _probe(f, t, low, device, dtype, backend, variant[low]),
+        "csr_tiny": _probe(TINY_FEATURES, TINY_TOKENS, 0.5, device, dtype, backend,
+                           variant[0.5]),
     }, device)
-    return fit(times, backend, threads)
+    costs = fit(times, backend, threads)
+    return KernelCalibration(**{**asdict(costs), "variant_timings": measured.variant_timings,
+                                "cpu": measured.cpu})
 
 
 def calibrate(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -174,8 +316,8 @@ def machine_calibration(device: torch.device | str = "cpu", dtype: torch.dtype =
 @functools.cache
 def _machine_calibration(dtype: torch.dtype, backend: str, threads: int,
                          folder: str) -> KernelCalibration:
-    key = "-".join((_cpu_model(), f"{threads}t", str(dtype).removeprefix("torch."), backend,
-                    f"torch{torch.__version__}"))
+    key = "-".join((cpu_model(), f"{threads}t", str(dtype).removeprefix("torch."), backend,
+                    f"torch{torch.__version__}", f"v{CALIBRATION_VERSION}"))
     name = "".join(c if c.isalnum() or c in ".-" else "_" for c in key)
     try:
         cache = Path(folder or Path.home() / ".cache" / "csx-sparse")
@@ -193,13 +335,3 @@ def _machine_calibration(dtype: torch.dtype, backend: str, threads: int,
                 return measured
     except (OSError, RuntimeError):  # RuntimeError: no home folder to cache in
         return calibrate("cpu", dtype, backend)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

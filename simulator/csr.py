@@ -20,6 +20,9 @@ A layout per direction (bench/roofline.py measures each against its bound):
 
 Two backends: ``native`` (the C kernels of ``simulator.native``, float32/float64 on CPU) and
 ``torch`` (``torch.sparse.mm`` + ``torch.sparse.sampled_addmm``; any device torch supports).
+The native backend runs a :class:`~simulator.native.KernelVariant` (its vector width, split or
+fused backward, streamed or stored outputs), which ``simulator.crossover`` measures and chooses
+per machine and shape; every variant gives the masked dense products within float rounding.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Literal
 
 import torch
 
-from simulator.native import KernelLibrary, load_kernels
+from simulator.native import DEFAULT_VARIANT, KernelLibrary, KernelVariant, load_kernels
 
 Backend = Literal["auto", "native", "torch"]
 BACKENDS = ("auto", "native", "torch")
@@ -114,13 +117,15 @@ def _indptr(sorted_rows: torch.Tensor, num_rows: int) -> torch.Tensor:
     return indptr.to(torch.int32)
 
 
-def resolve_backend(backend: Backend, x: torch.Tensor) -> tuple[str, KernelLibrary | None]:
-    """The backend that will run for input x: 'native' when the C kernels load and support it."""
+def resolve_backend(backend: Backend, x: torch.Tensor, variant: KernelVariant = DEFAULT_VARIANT
+                    ) -> tuple[str, KernelLibrary | None]:
+    """The backend that will run for input x: 'native' when the C kernels (built for
+    `variant`) load and support it."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "torch":
         return "torch", None
-    kernels = load_kernels()
+    kernels = load_kernels(variant)
     usable = kernels is not None and kernels.supports(x)
     if backend == "native" and not usable:
         raise ValueError("backend='native' needs the compiled kernels and a float32/float64 CPU "
@@ -140,10 +145,11 @@ class CSRLinearFunction(torch.autograd.Function):
     the dense W (2-D) or its values in CSR order (1-D), and its gradient has the same form."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, structure: CSRStructure, dense_grad: bool, backend: str):
-        backend, kernels = resolve_backend(backend, x)
-        ctx.structure, ctx.dense_grad, ctx.backend, ctx.kernels = (
-            structure, dense_grad, backend, kernels)
+    def forward(ctx, x, weight, bias, structure: CSRStructure, dense_grad: bool, backend: str,
+                variant: KernelVariant):
+        backend, kernels = resolve_backend(backend, x, variant)
+        ctx.structure, ctx.dense_grad, ctx.backend, ctx.kernels, ctx.variant = (
+            structure, dense_grad, backend, kernels, variant)
         ctx.has_bias = bias is not None
         ctx.values_given = weight.dim() == 1
         ctx.values_length = weight.numel()
@@ -151,7 +157,7 @@ class CSRLinearFunction(torch.autograd.Function):
                 else weight_values(kernels, structure, weight.detach()))
         bias = None if bias is None else bias.detach()
         if backend == "native":
-            y, packed_x = native_forward(kernels, structure, vals, bias, x)
+            y, packed_x = native_forward(kernels, structure, vals, bias, x, variant)
             ctx.save_for_backward(vals, x if dense_grad else None, packed_x)
             return y
         w_csr = _csr_tensor(structure.indptr, structure.cols, vals[:structure.nnz],
@@ -171,11 +177,16 @@ class CSRLinearFunction(torch.autograd.Function):
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
         sampled_w = need_w and not ctx.dense_grad
         grad_x = grad_w = grad_b = None
-        if ctx.backend == "native" and (need_x or sampled_w):
+        if ctx.backend == "native" and need_x and sampled_w and ctx.variant.fused_blocks:
+            grad_x, grad_w, grad_b = native_fused_backward(
+                ctx.kernels, structure, vals, grad_y, packed_x, ctx.variant, column_sums=need_b,
+                dense=not ctx.values_given, length=ctx.values_length)
+        elif ctx.backend == "native" and (need_x or sampled_w):
             # the bias gradient is dY's column sums, taken while packing dY (one pass less)
             if need_x:
                 grad_x, packed_grad, grad_b = native_input_grad(ctx.kernels, structure, vals,
-                                                                grad_y, column_sums=need_b)
+                                                                grad_y, column_sums=need_b,
+                                                                variant=ctx.variant)
             else:
                 packed = ctx.kernels.pack(grad_y, column_sums=need_b)
                 packed_grad, grad_b = packed if need_b else (packed, None)
@@ -203,7 +214,7 @@ class CSRLinearFunction(torch.autograd.Function):
             grad_w = grad_y.t().mm(x)
         if need_b and grad_b is None:
             grad_b = grad_y.sum(0)
-        return grad_x, grad_w, grad_b, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
 
 
 def weight_values(kernels: KernelLibrary | None, structure: CSRStructure,
@@ -224,22 +235,44 @@ def dense_weight(structure: CSRStructure, values: torch.Tensor) -> torch.Tensor:
 
 
 def native_forward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
-                   bias: torch.Tensor | None, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   bias: torch.Tensor | None, x: torch.Tensor,
+                   variant: KernelVariant = DEFAULT_VARIANT) -> tuple[torch.Tensor, torch.Tensor]:
     """Y = X (W ⊙ mask)ᵀ + b by the C kernels, for the non-zero values `vals` of W in CSR
     order; also returns X packed (the weight gradient reuses it)."""
     y, packed_x, _ = kernels.pack_spmm(x.contiguous(), structure.indptr, structure.cols, vals,
-                                       None if bias is None else bias.contiguous())
+                                       None if bias is None else bias.contiguous(),
+                                       stream=variant.stream)
     return y, packed_x
 
 
 def native_input_grad(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
-                      grad_y: torch.Tensor, column_sums: bool = False
+                      grad_y: torch.Tensor, column_sums: bool = False,
+                      variant: KernelVariant = DEFAULT_VARIANT
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """dX = dY (W ⊙ mask), by the CSR of Wᵀ over dY packed on the way: (dX, dY packed (the
     weight gradient reuses it), with column_sums=True dY's column sums (the bias gradient))."""
     vals_t = kernels.gather(vals, structure.transpose_order)
     return kernels.pack_spmm(grad_y, structure.indptr_t, structure.cols_t, vals_t, None,
-                             column_sums=column_sums)
+                             column_sums=column_sums, stream=variant.stream)
+
+
+def native_fused_backward(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
+                          grad_y: torch.Tensor, packed_x: torch.Tensor, variant: KernelVariant,
+                          column_sums: bool = False, dense: bool = False,
+                          length: int | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """dX and the sampled weight gradient in one pass over the CSR of Wᵀ (the "fused" and
+    "fused2" variants): (dX, the weight gradient as values in CSR order zero padded to
+    `length`, or with dense=True the dense dW, 0 off the mask; with column_sums=True dY's column sums)."""
+    grad_x, grad_values, sums = kernels.backward(
+        structure.indptr_t, structure.cols_t, kernels.gather(vals, structure.transpose_order),
+        structure.transpose_order, grad_y, packed_x, column_sums=column_sums,
+        length=None if dense else length, blocks_per_pass=variant.fused_blocks,
+        stream=variant.stream, prefetch=variant.prefetch)
+    if dense:
+        return grad_x, kernels.dense_rows(structure.indptr, structure.cols, structure.shape[1],
+                                          grad_values), sums
+    return grad_x, grad_values, sums
 
 
 def native_weight_grad(kernels: KernelLibrary, structure: CSRStructure,
@@ -253,14 +286,17 @@ def native_weight_grad(kernels: KernelLibrary, structure: CSRStructure,
 
 def csr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                structure: CSRStructure, *, dense_grad: bool = False,
-               backend: Backend = "auto") -> torch.Tensor:
+               backend: Backend = "auto", variant: KernelVariant = DEFAULT_VARIANT
+               ) -> torch.Tensor:
     """``x @ (weight ⊙ mask)ᵀ + bias`` in CSR, where ``structure`` was built from the mask.
 
     `weight` is the dense W (out_features, in_features) or its values in CSR order (nnz,), as
     :func:`weight_values` returns them, or those zero padded to ``padded_length(nnz)``; the
     weight gradient comes in the same form. x may have
     any leading dims; dense_grad=True (dense W only) makes the weight gradient the full dense
-    ``dYᵀ X`` (for RigL/GraNet growth), otherwise it is non-zero only at the mask.
+    ``dYᵀ X`` (for RigL/GraNet growth), otherwise it is non-zero only at the mask. `variant`
+    picks how the native kernels run (``simulator.crossover`` chooses it per machine and shape;
+    the default is the kernels before issue 46).
     """
     if weight.dim() == 1:
         if weight.numel() not in (structure.nnz, padded_length(structure.nnz)):
@@ -280,7 +316,7 @@ def csr_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         raise ValueError(f"x has {x.shape[-1]} features, the layer expects {structure.shape[1]}")
     leading = x.shape[:-1]
     x2d = x.reshape(-1, structure.shape[1])
-    y = CSRLinearFunction.apply(x2d, weight, bias, structure, dense_grad, backend)
+    y = CSRLinearFunction.apply(x2d, weight, bias, structure, dense_grad, backend, variant)
     return y.reshape(*leading, structure.shape[0])
 
 
@@ -300,3 +336,21 @@ def native_kernel_calls(kernels: KernelLibrary, structure: CSRStructure, weight:
         "weight_grad": lambda: native_weight_grad(kernels, structure, packed_grad, packed_x,
                                                   dense=True),
     }
+
+
+def native_variant_calls(kernels: KernelLibrary, structure: CSRStructure, vals: torch.Tensor,
+                         x: torch.Tensor, grad_y: torch.Tensor,
+                         variant: KernelVariant) -> dict[str, Callable[[], object]]:
+    """The forward and the backward of weights as values on `variant`'s kernels (the calls
+    the autograd function makes), as closures (bench/roofline.py)."""
+    packed_x = kernels.pack(x)
+    if variant.fused_blocks:
+        def backward() -> object:
+            return native_fused_backward(kernels, structure, vals, grad_y, packed_x, variant)
+    else:
+        def backward() -> object:
+            _, packed_grad, _ = native_input_grad(kernels, structure, vals, grad_y,
+                                                  variant=variant)
+            return native_weight_grad(kernels, structure, packed_grad, packed_x)
+    return {"forward": lambda: native_forward(kernels, structure, vals, None, x, variant),
+            "backward": backward}

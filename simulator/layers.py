@@ -37,6 +37,7 @@ from torch import nn
 from simulator.crossover import KernelCalibration, machine_calibration
 from simulator.csr import (BACKENDS, Backend, CSRStructure, csr_linear, padded_length,
                            weight_values)
+from simulator.native import DEFAULT_VARIANT, KernelVariant
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class LayerDecision:
     rebuilds: int
     last_rebuild_ms: float
     changed_rows: int  # rows whose kept weights the last mask write changed (all, at first)
+    variant: str = DEFAULT_VARIANT.name  # the kernel variant a csr layer runs
 
 
 class CSRLinear(nn.Module):
@@ -96,6 +98,7 @@ class CSRLinear(nn.Module):
         self._mask_key: tuple[int, int, int] | None = None
         self._structure: CSRStructure | None = None
         self._tokens = tokens_hint
+        self.variant = DEFAULT_VARIANT
         self.rebuilds = 0
         self.decision: LayerDecision | None = None
         self.optimizers = tuple(optimizers)
@@ -128,7 +131,7 @@ class CSRLinear(nn.Module):
         mask = self.weight_mask
         row_counts = mask.sum(1)
         density = float(row_counts.sum()) / mask.numel()
-        kernel, why = self._choose(density, tokens)
+        kernel, why, self.variant = self._choose(density, tokens)
         old = self._structure
         changed_rows = self.out_features if old is None else changed_row_count(old, mask,
                                                                                 row_counts)
@@ -145,28 +148,36 @@ class CSRLinear(nn.Module):
         self._tokens = tokens
         self.decision = LayerDecision(self.name, (self.out_features, self.in_features), density,
                                       kernel, why, tokens, self.rebuilds, rebuild_ms,
-                                      changed_rows)
+                                      changed_rows, self.variant.name)
         logger.info("simulator: %s %s density=%.4f -> %s (%s; rebuild %.2f ms)", self.name,
                     self.decision.shape, density, kernel, why, rebuild_ms)
         return self.decision
 
-    def _choose(self, density: float, tokens: int) -> tuple[Literal["csr", "dense"], str]:
-        if self.policy != "auto":
-            return self.policy, f"forced by kernel={self.policy!r}"
+    def _choose(self, density: float, tokens: int
+                ) -> tuple[Literal["csr", "dense"], str, KernelVariant]:
+        """The kernel, why, and the kernel variant a csr layer runs (the calibration's choice
+        for this shape and density; the default variant without a calibration)."""
+        if self.policy != "auto":  # a given calibration still picks the variant
+            variant = (DEFAULT_VARIANT if self.calibration is None else
+                       self.calibration.variant_for(self.out_features, self.in_features, density))
+            return self.policy, f"forced by kernel={self.policy!r}", variant
         if density == 1.0:
-            return "dense", "mask keeps every weight"
+            return "dense", "mask keeps every weight", DEFAULT_VARIANT
         if self.weight.is_cuda:
-            return "dense", "masked dense on CUDA (the CSR kernels are CPU kernels)"
+            return ("dense", "masked dense on CUDA (the CSR kernels are CPU kernels)",
+                    DEFAULT_VARIANT)
         cal = self.calibration or machine_calibration(self.weight.device, self.weight.dtype,
                                                       self.backend)
+        variant = cal.variant_for(self.out_features, self.in_features, density)
         nnz = round(density * self.out_features * self.in_features)
         csr_s = cal.predict_csr_s(self.out_features, self.in_features, nnz, tokens)
         dense_s = cal.predict_dense_s(self.out_features, self.in_features, tokens)
         kernel = "csr" if csr_s < dense_s else "dense"
         return kernel, (f"predicted fwd+bwd csr {csr_s * 1e3:.3g} ms vs dense "
                         f"{dense_s * 1e3:.3g} ms at {tokens} tokens (calibrated {cal.backend}, "
-                        f"{cal.threads} threads; crossover density "
-                        f"{cal.crossover_density(self.out_features, self.in_features, tokens):.3f})")
+                        f"{cal.threads} threads, variant {variant.name}; crossover density "
+                        f"{cal.crossover_density(self.out_features, self.in_features, tokens):.3f})"
+                        ), variant
 
     @property
     def values(self) -> nn.Parameter | None:
@@ -245,9 +256,10 @@ class CSRLinear(nn.Module):
             # The CSR kernels run in the parameters' precision; autocast casts downstream ops.
             with torch.autocast(x.device.type, enabled=False):
                 return csr_linear(x.to(weight.dtype), weight, bias, self._structure,
-                                  dense_grad=dense_grad, backend=self.backend)
+                                  dense_grad=dense_grad, backend=self.backend,
+                                  variant=self.variant)
         return csr_linear(x, weight, bias, self._structure, dense_grad=dense_grad,
-                          backend=self.backend)
+                          backend=self.backend, variant=self.variant)
 
 
 def _replace_parameter(optimizer: torch.optim.Optimizer, old: torch.Tensor, new: torch.Tensor,

@@ -1,11 +1,16 @@
 """Build, cache and call the C kernels in ``_kernels.c`` (see that file for the layout).
 
 The library is compiled with the system C compiler on first use and cached under
-``$CSX_KERNEL_CACHE`` (default ``~/.cache/csx-sparse``), keyed by the source, the flags and the
+``$CSX_KERNEL_CACHE`` (default ``~/.cache/csx-sparse``), keyed by the sources, the flags and the
 CPU's feature flags, so a fresh machine builds it once (about half a second) and a machine with a
 different CPU never loads a binary built for another one. When no compiler is available or the
 build fails, :func:`load_kernels` logs a warning once and returns None; callers then use torch's
 own sparse ops (see ``simulator.csr``).
+
+A :class:`KernelVariant` names one way of running the kernels (issue 46): the vector width they
+are built for, whether the backward runs split (spmm over Wᵀ, then sddmm) or fused, whether
+outputs are streamed past the cache, and how far ahead the activation tiles are prefetched. Each is exact within float rounding of the others, and which
+one a layer shape runs is measured per machine (``simulator.crossover``).
 """
 
 from __future__ import annotations
@@ -16,19 +21,23 @@ import hashlib
 import logging
 import math
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from simulator.cpu import cpu_signature
+
 logger = logging.getLogger(__name__)
 
 SOURCE_PATH = Path(__file__).with_name("_kernels.c")
+# Every file the build reads (_kernels.c includes the others): all of them key the cached binary.
+SOURCES = (SOURCE_PATH, SOURCE_PATH.with_name("_kernels_grad.c"))
 # Target flags of the first build tried. $CSX_KERNEL_ARCH overrides them, e.g. "-mavx2 -mfma"
 # builds the AVX2 kernels on an AVX-512 machine (bench and tests compare the two builds: the
 # targets must hold on any AVX2 machine, not only on the one measured).
@@ -52,17 +61,84 @@ POOLED_SHAPES = 32
 POOLED_MIN_BYTES = 128 * 1024
 SUFFIX_BY_DTYPE = {torch.float32: "f32", torch.float64: "f64"}
 
+VECTOR_WIDTHS = ("native", "256")
+BACKWARDS = ("split", "fused", "fused2")
+PREFETCH_DISTANCES = (0, 8)
+
 _build_lock = threading.Lock()
 
 
-def _cpu_signature() -> str:
-    """CPU model and feature flags: a binary built with -march=native is only valid on a match."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine() + platform.processor()
-    wanted = [line for line in lines if line.startswith(("flags", "model name", "Features"))]
-    return platform.machine() + "".join(sorted(set(wanted)))
+@dataclass(frozen=True)
+class KernelVariant:
+    """One way of running the kernels; the default is the kernels as they were before issue 46.
+
+    vector: "native" (the widest the build target has: 512-bit with AVX-512) or "256" (256-bit
+        vectors on an AVX-512 machine; the same as native elsewhere).
+    backward: "split" (dX by spmm over Wᵀ, then the weight gradient by sddmm), "fused" (both
+        in one pass over Wᵀ, each upstream tile loaded once; see _kernels_grad.c) or "fused2"
+        (the same, two token blocks per pass).
+    stream: outputs of 256 KiB or more written with streaming (non-temporal) stores.
+    prefetch: the fused backward prefetches the upstream tiles of the non-zero this many ahead
+        (0: the hardware prefetchers alone; the split backward has none). Measured on the
+        AVX-512 Xeon, 8 ahead: 1.05-1.3x faster; in spmm the same was up to 1.15x slower.
+    """
+
+    vector: str = "native"
+    backward: str = "split"
+    stream: bool = True
+    prefetch: int = 0
+
+    def __post_init__(self) -> None:
+        if self.vector not in VECTOR_WIDTHS:
+            raise ValueError(f"vector must be one of {VECTOR_WIDTHS}, got {self.vector!r}")
+        if self.backward not in BACKWARDS:
+            raise ValueError(f"backward must be one of {BACKWARDS}, got {self.backward!r}")
+        if self.prefetch not in PREFETCH_DISTANCES:
+            raise ValueError(f"prefetch must be one of {PREFETCH_DISTANCES}, "
+                             f"got {self.prefetch!r}")
+        if self.prefetch and self.backward == "split":
+            raise ValueError("prefetch applies to the fused backward; the split one has none")
+
+    @property
+    def name(self) -> str:
+        """"vector/backward/stream-or-store/pfN", as results and calibration files name it."""
+        return (f"{self.vector}/{self.backward}/{'stream' if self.stream else 'store'}"
+                f"/pf{self.prefetch}")
+
+    @classmethod
+    def from_name(cls, name: str) -> "KernelVariant":
+        """The variant :attr:`name` names, e.g. "native/fused/store/pf8"."""
+        parts = name.split("/")
+        if (len(parts) != 4 or parts[2] not in ("stream", "store")
+                or not parts[3].removeprefix("pf").isdigit()):
+            raise ValueError("kernel variant must look like 'native/split/stream/pf0', got "
+                             f"{name!r}")
+        return cls(parts[0], parts[1], parts[2] == "stream", int(parts[3].removeprefix("pf")))
+
+    @property
+    def fused_blocks(self) -> int:
+        """Token blocks per pass of the fused backward; 0 for the split one."""
+        return {"split": 0, "fused": 1, "fused2": 2}[self.backward]
+
+    def build_flags(self) -> tuple[str, ...]:
+        """Compiler flags the variant adds to the build target's."""
+        return ("-DCSX_VEC_BYTES=32",) if self.vector == "256" else ()
+
+
+DEFAULT_VARIANT = KernelVariant()
+
+
+# Every variant, in the order the calibration times them, the default first: the native width in
+# every combination, 256-bit vectors (never faster on the AVX-512 Xeon of issue 46) with the
+# split and fused backward and no prefetching, enough to find a machine where they are. The same
+# on every machine (on one without AVX-512 "256" builds the native kernels again), so that
+# replicas of a job on different machines time as many and can average their timings
+# (simulator.crossover).
+ALL_VARIANTS = (tuple(KernelVariant("native", backward, stream, prefetch)
+                      for backward in BACKWARDS for stream in (True, False)
+                      for prefetch in (PREFETCH_DISTANCES if backward != "split" else (0,)))
+                + tuple(KernelVariant("256", backward, stream, 0)
+                        for backward in ("split", "fused") for stream in (True, False)))
 
 
 def _cache_dir() -> Path:
@@ -119,8 +195,9 @@ class BufferPool:
 class KernelLibrary:
     """Typed wrappers around the compiled kernels. Tensors must be contiguous CPU tensors."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, flags: tuple[str, ...] = ()) -> None:
         self.path = path
+        self.flags = flags  # the compiler flags it was built with (bench results record them)
         self.pool = BufferPool(POOLED_MIN_BYTES)
         self._lib = ctypes.CDLL(str(path))
         self.block_tokens: int = self._lib.csx_block_tokens()
@@ -134,11 +211,16 @@ class KernelLibrary:
                                                                   i32]
             getattr(self._lib, f"csx_gather_{suffix}").argtypes = [ptr, ptr, i64, ptr]
             getattr(self._lib, f"csx_spmm_{suffix}").argtypes = [
-                ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32]
+                ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i32, i32]
             getattr(self._lib, f"csx_pack_spmm_{suffix}").argtypes = [
-                ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, i32]
+                ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, i32, i32]
             getattr(self._lib, f"csx_sddmm_{suffix}").argtypes = [
                 ptr, ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i32]
+            getattr(self._lib, f"csx_dense_rows_{suffix}").argtypes = [
+                ptr, ptr, i64, i64, ptr, ptr, i32]
+            getattr(self._lib, f"csx_backward_{suffix}").argtypes = [
+                ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32, i32,
+                i32, i32]
 
     @staticmethod
     def threads_for(work: int) -> int:
@@ -178,22 +260,24 @@ class KernelLibrary:
 
     def spmm(self, indptr: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor,
              bias: torch.Tensor | None, in_features: int, packed_x: torch.Tensor,
-             tokens: int, threads: int | None = None) -> torch.Tensor:
+             tokens: int, threads: int | None = None, stream: bool = True) -> torch.Tensor:
         """Y = X Aᵀ (+ bias), token-major [tokens, rows], for the CSR matrix A = (indptr, cols,
         vals) and X packed by :meth:`pack` from `tokens` tokens. `threads` overrides the
-        count chosen from the work (tests use it to split small problems)."""
+        count chosen from the work (tests use it to split small problems); `stream`=False
+        never streams Y past the cache."""
         rows = indptr.numel() - 1
         out = self.pool.take((tokens, rows), packed_x.dtype)
         self._fn("spmm", packed_x.dtype)(
             indptr.data_ptr(), cols.data_ptr(), vals.data_ptr(),
             None if bias is None else bias.data_ptr(), rows, in_features,
             packed_x.data_ptr(), tokens, out.data_ptr(),
-            threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
+            threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens),
+            int(stream))
         return out
 
     def pack_spmm(self, x: torch.Tensor, indptr: torch.Tensor, cols: torch.Tensor,
                   vals: torch.Tensor, bias: torch.Tensor | None, column_sums: bool = False,
-                  threads: int | None = None
+                  threads: int | None = None, stream: bool = True
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """:meth:`pack` then :meth:`spmm` over the packed x, in one call: (Y, x packed, x's
         column sums or None). Where both split the token blocks alike, each block is packed
@@ -214,7 +298,7 @@ class KernelLibrary:
             x.data_ptr(), packed.data_ptr(), None if sums is None else sums.data_ptr(),
             None if partial is None else partial.data_ptr(), pack_threads, indptr.data_ptr(),
             cols.data_ptr(), vals.data_ptr(), None if bias is None else bias.data_ptr(), rows,
-            features, tokens, y.data_ptr(), spmm_threads)
+            features, tokens, y.data_ptr(), spmm_threads, int(stream))
         return y, packed, sums
 
     def csr_from_mask(self, mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -266,6 +350,50 @@ class KernelLibrary:
             threads or self.threads_for(cols.numel() * packed_x.shape[0] * self.block_tokens))
         return vals if grad is None else grad
 
+    def dense_rows(self, indptr: torch.Tensor, cols: torch.Tensor, in_features: int,
+                   vals: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+        """The dense [rows, in_features] tensor holding `vals` (CSR order) at the pattern's
+        non-zeros, 0 elsewhere."""
+        rows = indptr.numel() - 1
+        dense = self.pool.take((rows, in_features), vals.dtype)
+        self._fn("dense_rows", vals.dtype)(indptr.data_ptr(), cols.data_ptr(), rows, in_features,
+                                           vals.data_ptr(), dense.data_ptr(),
+                                           threads or self.threads_for(dense.numel()))
+        return dense
+
+    def backward(self, indptr_t: torch.Tensor, cols_t: torch.Tensor, vals_t: torch.Tensor,
+                 transpose_order: torch.Tensor, grad_y: torch.Tensor, packed_x: torch.Tensor,
+                 column_sums: bool = False, length: int | None = None, blocks_per_pass: int = 1,
+                 threads: int | None = None, stream: bool = True, prefetch: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The fused backward over the CSR of Wᵀ (indptr_t, cols_t, its values vals_t;
+        `transpose_order` maps its non-zeros to W's CSR order), for the upstream gradient
+        grad_y [tokens, out_features] and X packed by :meth:`pack`: (dX [tokens, in_features],
+        the weight gradient as values in W's CSR order zero padded to `length`, with
+        column_sums=True grad_y's column sums (the bias gradient), else None). The same
+        products as :meth:`spmm` over Wᵀ and :meth:`sddmm`, each upstream tile loaded once for
+        both; grad_y is packed inside the call, `blocks_per_pass` (1 or 2) token blocks at a
+        time."""
+        if blocks_per_pass not in (1, 2):
+            raise ValueError(f"blocks_per_pass must be 1 or 2, got {blocks_per_pass!r}")
+        tokens, out_features = grad_y.shape
+        in_features, nnz, dtype = indptr_t.numel() - 1, cols_t.numel(), packed_x.dtype
+        grad_x = self.pool.take((tokens, in_features), dtype)
+        grad_values = self.pool.take((length or nnz,), dtype)
+        grad_values[nnz:].zero_()
+        scratch = self.pool.take((nnz,), dtype)
+        buffers = self.pool.take((2 * blocks_per_pass, out_features, self.block_tokens), dtype)
+        sums = self.pool.take((out_features,), dtype) if column_sums else None
+        self._fn("backward", dtype)(
+            indptr_t.data_ptr(), cols_t.data_ptr(), vals_t.data_ptr(),
+            transpose_order.data_ptr(), in_features, out_features, grad_y.data_ptr(),
+            None if sums is None else sums.data_ptr(), packed_x.data_ptr(), tokens,
+            grad_x.data_ptr(), scratch.data_ptr(), grad_values.data_ptr(), buffers.data_ptr(),
+            blocks_per_pass,
+            threads or self.threads_for(2 * nnz * packed_x.shape[0] * self.block_tokens),
+            int(stream), prefetch)
+        return grad_x, grad_values, sums
+
 
 def _prefix_sum(counts: torch.Tensor) -> torch.Tensor:
     indptr = torch.zeros(counts.numel() + 1, dtype=torch.int32)
@@ -282,10 +410,11 @@ def flag_sets(arch: str) -> tuple[tuple[str, ...], ...]:
             (*common, "-shared", "-fPIC"))
 
 
-def load_kernels() -> KernelLibrary | None:
-    """The compiled kernels (for $CSX_KERNEL_ARCH, default -march=native), building them on
-    first use; None (logged once) when impossible."""
-    return build_kernels(os.environ.get(ARCH_ENV, NATIVE_ARCH))
+def load_kernels(variant: KernelVariant = DEFAULT_VARIANT) -> KernelLibrary | None:
+    """The compiled kernels (for $CSX_KERNEL_ARCH, default -march=native, and the build flags
+    of `variant`), building them on first use; None (logged once) when impossible."""
+    arch = os.environ.get(ARCH_ENV, NATIVE_ARCH)
+    return build_kernels(" ".join((arch, *variant.build_flags())).strip())
 
 
 @functools.cache
@@ -297,17 +426,17 @@ def build_kernels(arch: str) -> KernelLibrary | None:
         logger.warning("simulator: no C compiler or kernel source; CSR layers use torch sparse "
                        "ops, which are slower (see bench/csr_linear.py)")
         return None
-    source = SOURCE_PATH.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     errors = []
     with _build_lock:
         for flags in flag_sets(arch):
             key = hashlib.sha256(source + " ".join(flags).encode() + compiler.encode()
-                                 + _cpu_signature().encode()).hexdigest()[:16]
+                                 + cpu_signature().encode()).hexdigest()[:16]
             target = _cache_dir() / f"csx_kernels-{key}.so"
             try:
                 if not target.exists():
                     _compile(compiler, flags, target)
-                return KernelLibrary(target)
+                return KernelLibrary(target, flags)
             except (OSError, subprocess.SubprocessError) as error:
                 detail = getattr(error, "stderr", "") or str(error)
                 errors.append(f"{' '.join(flags)}: {detail.strip()[:500]}")

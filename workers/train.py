@@ -73,7 +73,6 @@ def _job_calibration(model_dir: Path, all_reduce: AllReduce | None, write: bool)
     the result for resumes."""
     import json
     import os
-    from dataclasses import fields
 
     from simulator.crossover import KernelCalibration, machine_calibration
 
@@ -81,11 +80,10 @@ def _job_calibration(model_dir: Path, all_reduce: AllReduce | None, write: bool)
     if os.path.lexists(path):  # anything there but the job's own file is refused
         return KernelCalibration(**json.loads(read_text(path, inside=model_dir)))
     local = machine_calibration()
-    numeric = [f.name for f in fields(KernelCalibration) if f.type in ("float", float)]
-    values = torch.tensor([getattr(local, name) for name in numeric], dtype=torch.float64)
+    values = torch.tensor(local.measurements(), dtype=torch.float64)
     if all_reduce is not None:
         all_reduce([values])
-    agreed = KernelCalibration(**{**asdict(local), **dict(zip(numeric, values.tolist()))})
+    agreed = local.with_measurements(values.tolist())
     if write:  # after the collective, so no rank can see the file half-way through the agreement
         _atomic_write_json(path, asdict(agreed))
     return agreed

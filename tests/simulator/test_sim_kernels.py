@@ -1,7 +1,8 @@
 """Property tests of the C kernels and csr_linear against dense torch over random problems.
 
 Shapes cross the kernels' internal tile sizes (a vector's lanes, the 64-token block), masks
-include empty rows and columns, and the kernels are run split over several threads.
+include empty rows and columns, and the kernels are run split over several threads; csr_linear
+runs every kernel variant (simulator.native.ALL_VARIANTS).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 from simulator.csr import CSRStructure, _csr_arrays, csr_linear
 from pathlib import Path
 
-from simulator.native import POOLED_PER_SHAPE, BufferPool, build_kernels, load_kernels
+from simulator.native import (ALL_VARIANTS, POOLED_PER_SHAPE, BufferPool, KernelVariant,
+                              build_kernels, load_kernels)
 
 KERNELS = load_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="the C kernels did not build")
@@ -88,6 +90,57 @@ def test_kernels_match_dense_products_for_any_thread_split(p):
     assert torch.equal(grad_values, grad_w.view(-1)[s.flat_index]), "the same sums, CSR order"
 
 
+def fused_backward(kernels, s, vals, grad_y, x, threads, length=None, stream=True,
+                   blocks_per_pass=1, prefetch=0):
+    """dX, the weight gradient values and grad_y's column sums by the fused backward kernel."""
+    return kernels.backward(s.indptr_t, s.cols_t, kernels.gather(vals, s.transpose_order),
+                            s.transpose_order, grad_y, kernels.pack(x, threads=threads),
+                            column_sums=True, length=length, blocks_per_pass=blocks_per_pass,
+                            threads=threads, stream=stream, prefetch=prefetch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=problems, padding=st.integers(0, 70), blocks_per_pass=st.sampled_from([1, 2]),
+       prefetch=st.sampled_from([0, 8]))
+def test_fused_backward_gives_the_dense_products_for_any_thread_split(p, padding,
+                                                                     blocks_per_pass, prefetch):
+    """dX = dY W and dW at the mask's non-zeros (CSR order, zero padded), from one pass over
+    Wᵀ's CSR (one or two token blocks at a time); its values also fill the dense gradient (0
+    off the mask)."""
+    mask, weight, x, grad_y, _ = build(p)
+    s = CSRStructure.from_mask(mask)
+    vals = KERNELS.gather(weight, s.flat_index)
+    grad_x, grad_values, sums = fused_backward(KERNELS, s, vals, grad_y, x, p["threads"],
+                                               length=s.nnz + padding,
+                                               blocks_per_pass=blocks_per_pass,
+                                               prefetch=prefetch)
+    torch.testing.assert_close(grad_x, grad_y @ weight, **tolerance(p["dtype"]))
+    expected = (grad_y.t() @ x) * mask
+    torch.testing.assert_close(grad_values[:s.nnz], expected.view(-1)[s.flat_index],
+                               **tolerance(p["dtype"]))
+    assert not grad_values[s.nnz:].any(), "the padding is 0"
+    torch.testing.assert_close(sums, grad_y.sum(0), **tolerance(p["dtype"]))
+    dense = KERNELS.dense_rows(s.indptr, s.cols, s.shape[1], grad_values, threads=p["threads"])
+    assert torch.equal(dense.view(-1)[s.flat_index], grad_values[:s.nnz])
+    assert not dense[~mask].any()
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=problems, blocks_per_pass=st.sampled_from([1, 2]))
+def test_fused_backward_is_bitwise_the_same_for_every_thread_split(p, blocks_per_pass):
+    """Rows of Wᵀ split by non-zeros, features of dY (packed inside, with their sums) split
+    evenly: each thread owns its dX columns, its weight gradient entries and its column sums,
+    summed in the same order whoever computes them."""
+    mask, weight, x, grad_y, _ = build(p)
+    s = CSRStructure.from_mask(mask)
+    vals = KERNELS.gather(weight, s.flat_index)
+    outputs = [[t.clone() for t in fused_backward(KERNELS, s, vals, grad_y, x, threads,
+                                                  blocks_per_pass=blocks_per_pass)]
+               for threads in (1, 2, 3, 4)]
+    for output in outputs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(output, outputs[0]))
+
+
 @settings(max_examples=40, deadline=None)
 @given(problems)
 def test_spmm_is_bitwise_the_same_for_every_thread_split(p):
@@ -127,7 +180,8 @@ def test_spmm_output_large_enough_to_stream_has_the_bits_of_small_calls(arch, dt
     """An output of 256 KiB or more is written with streaming stores (where aligned: 2 threads
     split the 18 token blocks, 4 split rows at any row; AVX-512, AVX2, or plain stores on the
     baseline build); it holds the same bits as the same products computed one 64-token block
-    per call (plain stores), and the dense product."""
+    per call (plain stores), as the call told not to stream, and as the dense product; the
+    fused backward's dX (streamed alike) the bits of its unstreamed call."""
     if arch == "-mavx2 -mfma" and not _cpu_has_avx2():
         pytest.skip("needs an x86 CPU with AVX2")
     kernels = KERNELS if arch is None else build_kernels(arch)
@@ -145,19 +199,27 @@ def test_spmm_output_large_enough_to_stream_has_the_bits_of_small_calls(arch, dt
                                             bias)[0].clone()
                           for start in range(0, tokens, block)])
     assert torch.equal(y, by_block)
+    assert torch.equal(y, kernels.pack_spmm(x, s.indptr, s.cols, vals, bias, threads=threads,
+                                            stream=False)[0])
     torch.testing.assert_close(y, x @ weight.t() + bias, **tolerance(dtype))
+    grad_y = torch.randn(tokens, out_features, generator=generator, dtype=dtype)
+    streamed, stored = (fused_backward(kernels, s, vals, grad_y, x, threads,
+                                       stream=stream)[0].clone() for stream in (True, False))
+    assert torch.equal(streamed, stored)
+    torch.testing.assert_close(streamed, grad_y @ weight, **tolerance(dtype))
 
 
-@settings(max_examples=40, deadline=None)
-@given(problems)
-def test_csr_linear_matches_masked_dense_autograd(p):
+@pytest.mark.parametrize("variant", ALL_VARIANTS, ids=lambda v: v.name)
+@settings(max_examples=6, deadline=None)
+@given(p=problems)
+def test_csr_linear_matches_masked_dense_autograd(variant, p):
     mask, weight, x, grad_y, bias = build(p)
     structure = CSRStructure.from_mask(mask)
     previous = torch.get_num_threads()
     torch.set_num_threads(min(p["threads"], 2))
     try:
         leaves = [t.clone().requires_grad_(True) for t in (x, weight, bias)]
-        y = csr_linear(*leaves, structure, backend="native")
+        y = csr_linear(*leaves, structure, backend="native", variant=variant)
         y.backward(grad_y)
         ref = [t.clone().requires_grad_(True) for t in (x, weight, bias)]
         y_ref = F.linear(ref[0], ref[1] * mask, ref[2])
@@ -176,10 +238,12 @@ def test_csr_linear_matches_masked_dense_autograd(p):
 @given(problems)
 def test_avx2_and_baseline_builds_give_the_native_builds_results(p):
     """The AVX2-only build (8-lane vectors, its own lane sums), the baseline x86-64 build (no
-    target flags: lane-by-lane sums) and the -march=native build (16 lanes on AVX-512) agree,
-    all with dense torch: the speed targets are checked on more than one build."""
-    builds = [KERNELS, build_kernels("-mavx2 -mfma"), build_kernels("")]
-    assert all(builds) and len({kernels.path for kernels in builds}) == 3
+    target flags: lane-by-lane sums), the -march=native build (16 lanes on AVX-512) and the
+    256-bit variant of it agree, all with dense torch: the speed targets are checked on more
+    than one build."""
+    builds = [KERNELS, build_kernels("-mavx2 -mfma"), build_kernels(""),
+              load_kernels(KernelVariant("256"))]
+    assert all(builds) and len({kernels.path for kernels in builds}) == 4
     mask, weight, x, grad_y, bias = build(p)
     s = CSRStructure.from_mask(mask)
     results = []

@@ -10,14 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.csr import CSRStructure, csr_linear, dense_weight, weight_values
-from simulator.native import load_kernels
+from simulator.native import ALL_VARIANTS, DEFAULT_VARIANT, load_kernels
 
 BACKENDS = ["torch"] + (["native"] if load_kernels() is not None else [])
+# the torch backend has no variants; the native one runs each
+BACKEND_VARIANTS = [("torch", DEFAULT_VARIANT)] + [("native", v) for v in ALL_VARIANTS
+                                                   if "native" in BACKENDS]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "variant"), BACKEND_VARIANTS,
+                         ids=lambda v: getattr(v, "name", v))
 @pytest.mark.parametrize("density", [0.0, 0.15, 1.0])
-def test_values_gradient_is_the_masked_dense_gradient_in_csr_order(backend, density):
+def test_values_gradient_is_the_masked_dense_gradient_in_csr_order(backend, variant, density):
     generator = torch.Generator().manual_seed(1)
     mask = torch.rand(40, 70, generator=generator) < density
     weight = torch.randn(40, 70, generator=generator) * mask
@@ -25,7 +29,7 @@ def test_values_gradient_is_the_masked_dense_gradient_in_csr_order(backend, dens
     structure = CSRStructure.from_mask(mask)
     values = weight_values(None, structure, weight).requires_grad_(True)
     leaves = [t.clone().requires_grad_(True) for t in (x, bias)]
-    y = csr_linear(leaves[0], values, leaves[1], structure, backend=backend)
+    y = csr_linear(leaves[0], values, leaves[1], structure, backend=backend, variant=variant)
     upstream = torch.randn_like(y)
     y.backward(upstream)
     ref = [t.clone().requires_grad_(True) for t in (x, weight, bias)]

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .base import SparsityAlgorithm
-from .utils import make_update_schedule
+from .reference_rules import make_update_schedule, starts_sparse
 
 __all__ = ["DynamicSparsityAlgorithm"]
 
@@ -29,7 +29,7 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
     def __init__(self, sparsity: Any = None, update: Any = None, **kwargs: Any) -> None:
         super().__init__(sparsity=sparsity, **kwargs)
         self.update_schedule = make_update_schedule(update)
-        self.starts_sparse = torch.as_tensor(self.update_schedule(torch.tensor(0, dtype=torch.int64)), dtype=torch.bool)
+        self.starts_sparse = starts_sparse(self.update_schedule)
         if not bool(self.starts_sparse):
             self.init_method = lambda p, sparsity, **_: torch.ones_like(p, dtype=torch.bool)
         self.step = torch.tensor(0, dtype=torch.int64)

@@ -7,8 +7,8 @@ gradient, ``update_mask(p, mask, sparsity)`` gets the clamped level as a 0-d ten
 result replaces the mask only on update steps. The target hook fires once per distinct
 schedule (``name`` = common prefix of its parameters + ``*``) and the computed hook once per
 parameter, every step, with tensors. ``update=None`` means every step. A step that the
-GradScaler skips for non-finite gradients runs no optimizer step, so ``step`` does not move and
-masks do not change (cstorch rolls both back), and the LR schedulers hold with it.
+GradScaler skips for non-finite gradients runs as in cstorch, random draws included, with
+``is_update_step`` False, and the GradScaler rolls ``step`` back after it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .. import amp
 from .base import SparsityAlgorithm
 from .reference_rules import make_update_schedule, starts_sparse
 
@@ -65,8 +66,12 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
 
     @torch.no_grad()
     def update(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        if optimizer is not None:
+            amp.update_if_finite(optimizer, self.step)  # a skipped step's count is rolled back
         self.step += 1
         self._is_update_step = None
+        if optimizer is not None and not amp.isfinite(optimizer):
+            self.is_update_step = False  # masks hold on a skipped step
         pending = self._schedules_used(optimizer)
         for sparse_param in list(self.get_sparse_params(optimizer)):
             param, mask = sparse_param.param, sparse_param.mask

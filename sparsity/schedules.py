@@ -200,10 +200,11 @@ class Cycling(Schedule):
         self.values = list(values)
         self.index = torch.tensor(0, dtype=torch.int64)
         self._count: tuple[UpdateSchedule, int] | None = None
+        self._counted = (0, 0)  # (t, updates in [first, t)): a callable cadence is counted on from there
 
     def count_updates(self, cadence: UpdateSchedule, first: int) -> None:
         """Makes the position at step t the number of ``cadence``'s update steps in [first, t)."""
-        self._count = (cadence, first)
+        self._count, self._counted = (cadence, first), (first, 0)
 
     @property
     def bound(self) -> bool:
@@ -214,7 +215,9 @@ class Cycling(Schedule):
         if self._count is None:
             return int(self.index) % len(self.values)
         cadence, first = self._count
-        return cadence.count(first, step) % len(self.values)
+        since, counted = self._counted if step >= self._counted[0] else (first, 0)
+        self._counted = (max(step, since), counted + cadence.count(since, step))
+        return self._counted[1] % len(self.values)
 
     def compute(self, step: torch.Tensor) -> torch.Tensor:
         step = step_tensor(step)

@@ -175,3 +175,13 @@ def test_the_issue_44_gmp_sections_are_read_as_on_a_cs_system():
     # the reference's 0.81628 is float32's beta ** 42000; the exact value is 0.81713
     assert power.target_sparsity(42000) == pytest.approx(0.9 * 0.9999977**42000, rel=1e-12)
     assert power.target_sparsity(42000) == pytest.approx(ORACLE["values/power"][0][-1], rel=2e-3)
+
+
+def test_a_cycling_level_under_a_callable_cadence_counts_each_step_once():
+    """Metrics ask the level at every step: the count of a callable cadence's updates goes on
+    from the last step asked, so a run of T steps calls the cadence ~T times, not T²/2."""
+    calls = []
+    cadence = schedules.UpdateWhen(lambda step: calls.append(step) or step % 3 == 0)
+    level = make_schedule([0.1, 0.2, 0.3, 0.4], cadence=cadence)
+    assert [level(t) for t in range(1, 11)] == [0.2, 0.2, 0.2, 0.3, 0.3, 0.3, 0.4, 0.4, 0.4, 0.1]
+    assert len(calls) == 10 and level(4) == 0.3  # an earlier step counts again from the start

@@ -25,7 +25,6 @@ masks are identical on every run and every data-parallel replica, and no RNG sta
 
 from __future__ import annotations
 
-import fnmatch
 import importlib
 import inspect
 import sys
@@ -41,11 +40,12 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .distributions import get_distribution
+from .filters import DEFAULT_PARAM_FILTER, ParamFilter, make_param_filter
 from .init_methods import INIT_METHODS
 from .keeping import MaskKeeper, SparseParam, fill_missing_mask
-from .masks import RandomTieBreaker, TieBreaker, keep_count
+from .masks import RandomTieBreaker, TieBreaker, keep_count, move_to_level
 from .stats import MaskStats
-from .schedules import Constant, Schedule, make_schedule, make_update_schedule
+from .schedules import Constant, Schedule, UpdateSchedule, make_schedule, make_update_schedule
 
 __all__ = [
     "SparsityAlgorithm",
@@ -56,27 +56,6 @@ __all__ = [
     "algorithm_names",
     "make_param_filter",
 ]
-
-ParamFilter = Callable[[str, torch.Tensor], bool]
-_EXCLUDED_WORDS = ("embedding", "norm", "lm_head")
-
-
-def DEFAULT_PARAM_FILTER(name: str, param: torch.Tensor) -> bool:  # noqa: N802 (a constant-like callable)
-    """Matrices only, and not embeddings, norms or the output head."""
-    lowered = name.lower()
-    return param.dim() > 1 and not any(word in lowered for word in _EXCLUDED_WORDS)
-
-
-def make_param_filter(spec: None | str | Iterable[str] | ParamFilter) -> ParamFilter:
-    """``None`` → the default filter; a glob or list of globs (fnmatch, full name); a callable."""
-    if spec is None:
-        return DEFAULT_PARAM_FILTER
-    if callable(spec):
-        return spec
-    globs = [spec] if isinstance(spec, str) else list(spec)
-    if not globs or not all(isinstance(g, str) for g in globs):
-        raise ValueError(f"param_filter must be a glob, a list of globs or a callable, got {spec!r}")
-    return lambda name, _param: any(fnmatch.fnmatchcase(name, g) for g in globs)
 
 
 def _mixed_seed(*parts: int | str) -> int:
@@ -103,7 +82,7 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         param_filter: Which parameters are sparse: fnmatch globs on full parameter names (one
             or a list), or a callable ``(name, param) -> bool``. Default:
             [`DEFAULT_PARAM_FILTER`][sparsity.DEFAULT_PARAM_FILTER] (matrices, not embeddings,
-            norms or ``lm_head``).
+            norms, ``lm_head`` or ``pe_helper``).
         init_method: The first mask: ``"random"``, ``"topk"`` (largest |w|), ``"from_zeros"``
             (the weight's zeros), ``"checkerboard"``, or a callable returning a bool mask.
         distribution: How the global level spreads over the layers: ``"uniform"``, ``"er"``
@@ -152,7 +131,7 @@ class SparsityAlgorithm(MaskKeeper, ABC):
     ) -> None:
         if sparsity is None:
             raise ValueError(f"{type(self).__name__}: 'sparsity' is required")
-        self.sparsity: Schedule = make_schedule(sparsity, period=self._schedule_period())
+        self.sparsity: Schedule = make_schedule(sparsity, cadence=self._cadence())
         if isinstance(sparsity, (int, float)):
             _check_level("sparsity", float(sparsity))
         self.param_filter = make_param_filter(param_filter)
@@ -183,8 +162,9 @@ class SparsityAlgorithm(MaskKeeper, ABC):
         self._load_hooked: set[int] = set()
         self.stats = MaskStats()
 
-    def _schedule_period(self) -> int:
-        return 1
+    def _cadence(self) -> UpdateSchedule | None:
+        """The update cadence a cycling sparsity counts (None: the masks never change)."""
+        return None
 
     # ----------------------------------------------------------------------------- attaching
     def apply(self, obj: nn.Module | torch.optim.Optimizer) -> None:
@@ -263,8 +243,6 @@ class SparsityAlgorithm(MaskKeeper, ABC):
     @torch.no_grad()
     def _after_checkpoint_load(self) -> None:
         if isinstance(self.sparsity, Constant) and not isinstance(self, DynamicSparsityAlgorithm):
-            from .checkpoint import move_to_level  # checkpoint imports this module
-
             targets = self.layer_targets(self.step)
             for sp in self._params:
                 wanted, kept = keep_count(sp.mask.numel(), targets[sp.name]), int(sp.mask.sum())
@@ -483,11 +461,12 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
         self.update_schedule = make_update_schedule(update)
         super().__init__(sparsity, **kwargs)
 
-    def _schedule_period(self) -> int:
-        return self.update_schedule.period
+    def _cadence(self) -> UpdateSchedule | None:
+        return self.update_schedule
 
     def is_update_step(self, step: int) -> bool:
-        return self.update_schedule(step)
+        # step 0 is the initial mask, never an update (cstorch's cadences answer True there)
+        return step >= 1 and self.update_schedule(step)
 
     def last_update_step(self, until: int) -> int | None:
         return self.update_schedule.last_update(until)

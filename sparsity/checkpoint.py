@@ -17,7 +17,7 @@ import torch
 
 from sparsity.base import SparsityAlgorithm
 from sparsity.group import Group
-from sparsity.masks import drop_minimum, grow_maximum, keep_count, topk_mask
+from sparsity.masks import keep_count, move_to_level, topk_mask
 
 __all__ = ["MASK_SUFFIX", "finalize", "recover_masks", "export_csr", "load_into_sparse"]
 
@@ -164,20 +164,3 @@ def load_into_sparse(
     model.load_state_dict(checkpoint)
     return counts
 
-
-def move_to_level(
-    weight: torch.Tensor, mask: torch.Tensor, keep: int, generator: torch.Generator
-) -> torch.Tensor:
-    """``mask`` changed to keep exactly ``keep`` entries: prune the smallest live ``|weight|`` or
-    regrow random pruned positions (drawn from the CPU ``generator``, so any device agrees)."""
-    live = int(mask.sum())
-    flat_mask = mask.reshape(1, -1)
-    if keep < live:
-        count = torch.tensor([live - keep], device=mask.device)
-        moved = drop_minimum(weight.abs().reshape(1, -1), flat_mask, count)
-    elif keep > live:
-        score = torch.rand(weight.numel(), generator=generator).to(weight.device).reshape(1, -1)
-        moved = grow_maximum(score, flat_mask, torch.tensor([keep - live], device=mask.device))
-    else:
-        return mask
-    return moved.reshape(mask.shape)

@@ -6,6 +6,7 @@ Accepted shapes::
     {"algorithm": "rigl", "sparsity": 0.8, "update": {"freq": 100, "stop": 3000}, ...}
     [{"param_filter": "*fc1*", ...}, {...}]   # groups; a parameter goes to the FIRST that matches
     {"groups": [{...}, {...}], **defaults}   # the same, top-level keys are defaults for each group
+    {"groups": [{"params": {...}, "param_filter": ...}]}   # ModelZoo's nested group, flattened
 
 Keys (2.x): ``algorithm`` (alias ``type``), ``sparsity`` (alias ``schedule``), ``param_filter``
 (fnmatch globs, full-name match), ``init_method``, ``distribution``, ``update``,
@@ -38,13 +39,13 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from sparsity.base import DEFAULT_PARAM_FILTER, SparsityAlgorithm, algorithm_names, get_algorithm_class
+from sparsity.base import SparsityAlgorithm, algorithm_names, get_algorithm_class
+from sparsity.filters import DEFAULT_PARAM_FILTER, RegexParamFilter
 from sparsity.group import Group
 from sparsity.wrapper import SparsityWrapperOptimizer
 from sparsity.schedules import (
@@ -55,7 +56,7 @@ from sparsity.schedules import (
     make_update_schedule,
 )
 
-__all__ = ["configure", "configure_sparsity_wrapper"]
+__all__ = ["configure", "configure_sparsity_wrapper", "flatten_group"]
 
 ParamFilter = str | Sequence[str] | Callable[[str, torch.Tensor], bool]
 
@@ -123,7 +124,7 @@ def _build(config: Any, default_filter: ParamFilter | None, where: str) -> Spars
         return _build_groups(config, {}, default_filter, where)
     if "groups" in config:
         defaults = {k: v for k, v in config.items() if k != "groups"}
-        groups = config["groups"]
+        groups = [config["groups"]] if isinstance(config["groups"], Mapping) else config["groups"]
         if not isinstance(groups, (list, tuple)):
             raise ValueError(f"{where}.groups: expected a list of group dicts, got {groups!r}")
         return _build_groups(groups, defaults, default_filter, f"{where}.groups")
@@ -142,11 +143,20 @@ def _build_groups(
         here = f"{where}[{index}]"
         if not isinstance(entry, Mapping):
             raise ValueError(f"{here}: each group must be a dict, got {type(entry).__name__} {entry!r}")
-        merged = {**defaults, **entry}
+        merged = {**defaults, **flatten_group(entry)}
         if isinstance(merged.get("param_name_patterns"), Mapping):
             raise ValueError(f"{here}.param_name_patterns: a dict of patterns cannot sit inside a group")
         pairs.append(_filter_and_algorithm(merged, default_filter, here))
     return Group(pairs)
+
+
+def flatten_group(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelZoo's nested group, ``{"params": {...}, "param_filter": ...}``, as one flat dict
+    (the ``params`` keys over the group's own), as cstorch's ``flatten_sparsity_params`` reads it."""
+    params = entry.get("params", {})
+    if not isinstance(params, Mapping):
+        raise ValueError(f"a group's 'params' must be a dict of options, got {params!r}")
+    return {**{k: v for k, v in entry.items() if k != "params"}, **params}
 
 
 def _build_pattern_groups(
@@ -317,27 +327,6 @@ def _param_filter(
             f"{where}.param_filter: expected a glob or a non-empty list of globs, got {value!r}"
         )
     return value
-
-
-class RegexParamFilter:
-    """Legacy ``param_name_patterns``: a parameter matches when any regex ``re.search``-es its name."""
-
-    def __init__(self, patterns: str | Sequence[str], where: str = "param_name_patterns") -> None:
-        patterns = [patterns] if isinstance(patterns, str) else patterns
-        if not (
-            isinstance(patterns, (list, tuple)) and patterns and all(isinstance(p, str) for p in patterns)
-        ):
-            raise ValueError(f"{where}: expected a regex, a list of regexes or a dict, got {patterns!r}")
-        try:
-            self.patterns = [re.compile(p) for p in patterns]
-        except re.error as err:
-            raise ValueError(f"{where}: bad regex: {err}") from None
-
-    def __call__(self, name: str, param: torch.Tensor) -> bool:
-        return any(p.search(name) for p in self.patterns)
-
-    def __repr__(self) -> str:
-        return f"RegexParamFilter({[p.pattern for p in self.patterns]!r})"
 
 
 def _check_values(kwargs: Mapping[str, Any], key_names: Mapping[str, str], where: str) -> None:

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .base import ParamFilter, SparsityAlgorithm, make_param_filter
+from .base import SparsityAlgorithm
+from .filters import FirstMatch, ParamFilter
 from .stats import MaskStats
 
 GroupKey = str | Iterable[str] | ParamFilter
@@ -37,7 +38,7 @@ class Group(SparsityAlgorithm):
         groups: Mapping[Any, SparsityAlgorithm] | Iterable[tuple[GroupKey, SparsityAlgorithm]] = (),
     ) -> None:
         self.members: list[SparsityAlgorithm] = []
-        self._filters: list[ParamFilter] = []  # each member's own key, for first-match-wins
+        self._routes = FirstMatch()
         for key, algorithm in groups.items() if isinstance(groups, Mapping) else groups:
             self.add(key, algorithm)
 
@@ -45,9 +46,7 @@ class Group(SparsityAlgorithm):
         """Appends a group: the parameters ``key`` matches that no earlier group has claimed."""
         if not isinstance(algorithm, SparsityAlgorithm) or isinstance(algorithm, Group):
             raise ValueError(f"group {key!r} must map to a (non-Group) SparsityAlgorithm, got {algorithm!r}")
-        own = make_param_filter(_as_filter_spec(key))
-        algorithm.param_filter = _first_match(own, tuple(self._filters))
-        self._filters.append(own)
+        algorithm.param_filter = self._routes.add(key, algorithm)
         self.members.append(algorithm)
 
     # Group state lives in its members; these delegate.
@@ -131,14 +130,6 @@ class Group(SparsityAlgorithm):
 
     def __repr__(self) -> str:
         return f"Group({self.members!r})"
-
-
-def _as_filter_spec(key: GroupKey) -> GroupKey:
-    return list(key) if isinstance(key, tuple) else key
-
-
-def _first_match(own: ParamFilter, earlier: tuple[ParamFilter, ...]) -> ParamFilter:
-    return lambda name, p: own(name, p) and not any(f(name, p) for f in earlier)
 
 
 class _CombinedHandle(RemovableHandle):

@@ -30,6 +30,7 @@ __all__ = [
     "keep_top_active",
     "grow_maximum",
     "sinkhorn_scaled",
+    "move_to_level",
     "ScoreShaper",
     "ScoreFlattener",
     "OutputGroupScoreShaper",
@@ -200,7 +201,9 @@ class RandomTieBreaker(TieBreaker):
 
 
 class ScoreShaper:
-    """Reshapes a parameter-shaped score into ``[groups, members]`` and back.
+    """Reshapes a parameter-shaped score into ``[groups, members]`` and back; one count per
+    group. cstorch's protocol, ``shaper(tensor) -> (rows, unshape)``, is its call, so the
+    shapers below serve ``sparsity.cstorch`` too (``cstorch.sparse.utils`` exports them).
 
     A subclass written to cstorch's protocol, ``__call__(tensor) -> (rows, unshape)`` and
     nothing else, works as is: ``shape``, ``unshape`` and ``groups`` are derived from its call.
@@ -213,12 +216,16 @@ class ScoreShaper:
             cls.unshape = ScoreShaper._unshape_by_call  # type: ignore[method-assign]
             cls.groups = ScoreShaper._groups_by_call  # type: ignore[method-assign]
 
+    def __call__(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """cstorch's protocol: the tensor as rows, and the function that undoes it."""
+        return self.shape(tensor), lambda rows: self.unshape(rows, tensor.shape)
+
     def _shape_by_call(self, score: torch.Tensor) -> torch.Tensor:
-        rows, _ = self(score)  # type: ignore[operator]
+        rows, _ = self(score)
         return rows.reshape(1, -1) if rows.dim() == 1 else rows
 
     def _unshape_by_call(self, grouped: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        rows, unshape = self(torch.empty(shape, dtype=grouped.dtype))  # type: ignore[operator]
+        rows, unshape = self(torch.empty(shape, dtype=grouped.dtype))
         return unshape(grouped.reshape(rows.shape))
 
     def _groups_by_call(self, shape: torch.Size) -> int:
@@ -239,11 +246,17 @@ class ScoreShaper:
 
 
 class ScoreFlattener(ScoreShaper):
-    """One group: top-k over the whole tensor."""
+    """One group: top-k over the whole tensor (cstorch's call gives it flat, as cstorch's)."""
+
+    def __call__(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return tensor.reshape(-1), lambda rows: rows.reshape(tensor.shape)
+
+    shape = ScoreShaper.shape  # its own attribute: the call above is not a protocol-only class's
 
 
 class OutputGroupScoreShaper(ScoreShaper):
-    """``num_groups`` groups of consecutive output rows (e.g. one per attention head)."""
+    """``num_groups`` groups of consecutive entries in row-major order: of consecutive output
+    rows when ``num_groups`` divides them (e.g. one group per attention head)."""
 
     def __init__(self, num_groups: int) -> None:
         if num_groups < 1:
@@ -251,9 +264,10 @@ class OutputGroupScoreShaper(ScoreShaper):
         self.num_groups = num_groups
 
     def groups(self, shape: torch.Size) -> int:
-        if shape[0] % self.num_groups:
+        if math.prod(shape) % self.num_groups:
             raise ValueError(
-                f"balance_out_groups={self.num_groups} does not divide the {shape[0]} output rows"
+                f"balance_out_groups={self.num_groups} does not divide the {math.prod(shape)} entries "
+                f"of a weight of shape {tuple(shape)}"
             )
         return self.num_groups
 
@@ -262,7 +276,8 @@ class OutputGroupScoreShaper(ScoreShaper):
 
 
 class InputGroupScoreShaper(ScoreShaper):
-    """``num_groups`` groups of consecutive input columns of a 2-D weight."""
+    """``num_groups`` groups of consecutive input columns of a 2-D weight, each group laid out
+    column by column (cstorch's layout: the transposed weight, row-major)."""
 
     def __init__(self, num_groups: int) -> None:
         if num_groups < 1:
@@ -270,23 +285,19 @@ class InputGroupScoreShaper(ScoreShaper):
         self.num_groups = num_groups
 
     def groups(self, shape: torch.Size) -> int:
-        if len(shape) != 2 or shape[1] % self.num_groups:
+        if len(shape) != 2 or math.prod(shape) % self.num_groups:
             raise ValueError(
-                f"balance_in_groups={self.num_groups} needs a 2-D weight whose input size is "
-                f"divisible by it, got shape {tuple(shape)}"
+                f"balance_in_groups={self.num_groups} needs a 2-D weight whose size is divisible "
+                f"by it, got shape {tuple(shape)}"
             )
         return self.num_groups
 
     def shape(self, score: torch.Tensor) -> torch.Tensor:
-        rows, cols = score.shape
-        g = self.groups(score.shape)
-        # [rows, g, cols/g] -> [g, rows * cols/g]: each group is a block of columns.
-        return score.reshape(rows, g, cols // g).permute(1, 0, 2).reshape(g, -1)
+        return score.t().reshape(self.groups(score.shape), -1)
 
     def unshape(self, grouped: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         rows, cols = shape
-        g = self.num_groups
-        return grouped.reshape(g, rows, cols // g).permute(1, 0, 2).reshape(rows, cols)
+        return grouped.reshape(cols, rows).t().contiguous()
 
 
 def topk_mask(
@@ -435,3 +446,21 @@ def _extreme(values: torch.Tensor, k: int, eligible: torch.Tensor | None, n_elig
         order = torch.sort(keys, stable=True, descending=not largest).indices[:k - better.numel()]
         chosen = torch.cat([better, tied.index_select(0, order)])
     return chosen if index is None else index.index_select(0, chosen)
+
+
+def move_to_level(
+    weight: torch.Tensor, mask: torch.Tensor, keep: int, generator: torch.Generator
+) -> torch.Tensor:
+    """``mask`` changed to keep exactly ``keep`` entries: prune the smallest live ``|weight|`` or
+    regrow random pruned positions (drawn from the CPU ``generator``, so any device agrees)."""
+    live = int(mask.sum())
+    flat_mask = mask.reshape(1, -1)
+    if keep < live:
+        count = torch.tensor([live - keep], device=mask.device)
+        moved = drop_minimum(weight.abs().reshape(1, -1), flat_mask, count)
+    elif keep > live:
+        score = torch.rand(weight.numel(), generator=generator).to(weight.device).reshape(1, -1)
+        moved = grow_maximum(score, flat_mask, torch.tensor([keep - live], device=mask.device))
+    else:
+        return mask
+    return moved.reshape(mask.shape)

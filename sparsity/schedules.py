@@ -1,17 +1,25 @@
-"""Hyper-parameter schedules (sparsity, drop fraction) and update cadences.
+"""Hyper-parameter schedules (sparsity, drop fraction): one implementation of each, shared by
+the YAML path (``sparsity.configure``) and ``sparsity.cstorch`` (whose
+``HyperParameterSchedule`` adds cstorch's memo and update protocol on top of these classes).
 
-A :class:`Schedule` is a pure function of the optimizer step, so it has no state to checkpoint and
-a step-varying drop fraction really varies (the reference caches its step-1 value). Subclasses
-register by their ``TYPE`` if they set one, else by lowercase class name with any trailing
-"schedule" removed (``CosineSchedule`` → ``"cosine"``), so ``{"type": "mydecay", ...}`` finds a
-user's ``MyDecay(Schedule)``. A user class never replaces a built-in name (a warning says so;
-pass an instance of it instead).
+The schedules cstorch 2.10 defines (``constant``, ``linear``, ``exp``, ``power``, ``cosine``,
+``cycling``, ``lambda``) follow its formulas, written once in torch ops on a 0-d step tensor:
+the YAML path evaluates them in float64 (``value_at``), ``sparsity.cstorch`` in cstorch's
+float32 (``compute`` on its int64 step), so each gets the reference's arithmetic at its own
+precision (docs/cstorch.md, "Schedules"). ``polynomial``/``cubic``, ``piecewiseconstant`` and
+``periodic`` are the engine's own.
 
-Two ways to write one: subclass :class:`Schedule` with ``__call__(step: int) -> float``, or
-cstorch 2.0's protocol, :class:`BaseHyperParameter`, with ``__call__(step, is_update_step)`` on
-tensors (the blog's classes drop in unchanged). Both answer ``get_min_max_end(begin, end)``.
+A schedule is a function of the step (a cycling schedule counts the mask updates of the
+cadence its algorithm binds), so it has no state to checkpoint. Subclasses register by their
+``TYPE`` if they set one, else by lowercase class name with any trailing "schedule" removed
+(``CosineSchedule`` → ``"cosine"``), so ``{"type": "mydecay", ...}`` finds a user's
+``MyDecay(Schedule)``. A user class never replaces a built-in name (a warning says so; pass an
+instance of it instead).
 
-An :class:`UpdateSchedule` answers "is step t a mask-update step?" (t counts optimizer steps, 1-based).
+Three ways to write one: subclass :class:`Schedule` with ``compute(step)`` on tensors (as
+the built-ins), or with ``__call__(step: int) -> float``; or cstorch 2.0's protocol,
+:class:`BaseHyperParameter`, with ``__call__(step, is_update_step)`` on tensors (the blog's
+classes drop in unchanged). All answer ``get_min_max_end(begin, end)``.
 """
 
 from __future__ import annotations
@@ -24,26 +32,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from .update_schedules import (AtSteps, Never, Periodic, UpdateSchedule, UpdateWhen,
+                               make_update_schedule)
+
 __all__ = [
-    "Schedule",
-    "BaseHyperParameter",
-    "Constant",
-    "Linear",
-    "Exp",
-    "Power",
-    "Cosine",
-    "Cycling",
-    "Lambda",
-    "Cubic",
-    "Polynomial",
-    "PiecewiseConstant",
-    "PeriodicSchedule",
-    "make_schedule",
-    "schedule_names",
-    "UpdateSchedule",
-    "Periodic",
-    "AtSteps",
-    "UpdateWhen",
+    "Schedule", "BaseHyperParameter", "Constant", "Linear", "Exp", "Power", "Cosine", "Cycling",
+    "Lambda", "Cubic", "Polynomial", "PiecewiseConstant", "PeriodicSchedule", "make_schedule",
+    "schedule_names", "step_tensor", "UpdateSchedule", "Periodic", "AtSteps", "UpdateWhen", "Never",
     "make_update_schedule",
 ]
 
@@ -53,15 +48,29 @@ def _registry_key(cls_name: str) -> str:
     return name[: -len("schedule")] if name.endswith("schedule") and name != "schedule" else name
 
 
+def step_tensor(step: Any) -> torch.Tensor:
+    """``step`` as the formulas take it: a tensor as is, a number as a float32 tensor (cstorch's
+    conversion)."""
+    return step if isinstance(step, torch.Tensor) else torch.tensor(step, dtype=torch.float)
+
+
+def _value(number: Any, step: torch.Tensor) -> torch.Tensor:
+    """A schedule's parameter as a 0-d tensor: float64 when the step is float64 (the YAML
+    path), else as ``torch.tensor`` makes it (cstorch's float32 for a float, int64 for an int)."""
+    return torch.tensor(number, dtype=torch.float64) if step.dtype == torch.float64 else torch.tensor(number)
+
+
 class Schedule(ABC):
-    """A value as a function of the step. Subclasses implement ``__call__``."""
+    """A value as a function of the step. Subclasses implement ``compute(step)`` or
+    ``__call__(step) -> float``."""
 
     registry: ClassVar[dict[str, type[Schedule]]] = {}
     registered: ClassVar[bool] = True  # protocol bases set False: not a schedule name
+    config_names: ClassVar[bool] = True  # False for a family named by its own lookup (cstorch's)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if not cls.__dict__.get("registered", True):
+        if not cls.__dict__.get("registered", True) or not cls.config_names:
             return
         name = str(cls.__dict__.get("TYPE") or _registry_key(cls.__name__)).lower()
         built_in = Schedule.registry.get(name)
@@ -72,12 +81,19 @@ class Schedule(ABC):
             return
         Schedule.registry[name] = cls
 
-    @abstractmethod
-    def __call__(self, step: int) -> float: ...
+    def compute(self, step: torch.Tensor) -> torch.Tensor:
+        """The value at ``step`` (a 0-d tensor) as a 0-d tensor, at the step's precision. The
+        default asks ``__call__(int(step))``, for schedules written that way."""
+        if type(self).__call__ is Schedule.__call__:
+            raise TypeError(f"{type(self).__name__} defines neither compute(step) nor __call__(step)")
+        return _value(float(self(int(step))), step)
+
+    def __call__(self, step: int, is_update_step: bool = False) -> float:
+        return self.value_at(step, is_update_step)
 
     def value_at(self, step: int, is_update_step: bool = False) -> float:
-        """The value at optimizer step ``step`` as a float (what the algorithms read)."""
-        return float(self(step))
+        """The value at optimizer step ``step`` as a float, in float64 (what the algorithms read)."""
+        return float(self.compute(torch.tensor(step, dtype=torch.float64)))
 
     def __getitem__(self, param: Any) -> Schedule:
         """cstorch algorithms read ``self.sparsity[param]``, a schedule per parameter; ours is
@@ -93,92 +109,155 @@ class Schedule(ABC):
         return min(values), max(values), values[-1]
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({fields})"
 
 
+# ------------------------------------------------------- the schedules cstorch 2.10 defines
 class Constant(Schedule):
     """The same ``value`` at every step (what a number as ``sparsity`` becomes)."""
 
     def __init__(self, value: float) -> None:
-        self.value = float(value)
+        super().__init__()
+        self.value = value
 
-    def __call__(self, step: int, is_update_step: bool = False) -> float:
-        return self.value
+    def compute(self, step: torch.Tensor) -> torch.Tensor:
+        return _value(self.value, step_tensor(step))
 
 
 class Linear(Schedule):
-    """``init + slope * t``."""
+    """``init + step * slope``."""
 
     def __init__(self, init: float, slope: float) -> None:
-        self.init, self.slope = float(init), float(slope)
+        super().__init__()
+        self.init, self.slope = init, slope
 
-    def __call__(self, step: int, is_update_step: bool = False) -> float:
-        return self.init + self.slope * step
+    def compute(self, step: torch.Tensor) -> torch.Tensor:
+        step = step_tensor(step)
+        return _value(self.init, step) + step * _value(self.slope, step)
 
 
 class Exp(Schedule):
-    """``final + (init - final) * exp(-gamma * t)``: moves from ``init`` towards ``final``."""
+    """``final - (final - init) * exp(gamma * step)``: from ``init`` towards ``final`` for a
+    negative ``gamma`` (cstorch's formula; its docstring writes the sign the other way)."""
 
     def __init__(self, init: float, gamma: float, final: float = 1.0) -> None:
-        self.init, self.gamma, self.final = float(init), float(gamma), float(final)
+        super().__init__()
+        self.init, self.gamma, self.final = init, gamma, final
 
-    def __call__(self, step: int, is_update_step: bool = False) -> float:
-        return self.final + (self.init - self.final) * math.exp(-self.gamma * step)
+    def compute(self, step: torch.Tensor) -> torch.Tensor:
+        step = step_tensor(step)
+        final = _value(self.final, step)
+        return final - (final - _value(self.init, step)) * torch.exp(step * _value(self.gamma, step))
 
 
 class Power(Schedule):
-    """``init * (t + 1) ** beta`` (beta < 0 decays)."""
+    """``init * beta ** step``."""
 
     def __init__(self, init: float, beta: float) -> None:
-        self.init, self.beta = float(init), float(beta)
+        super().__init__()
+        self.init, self.beta = init, beta
 
-    def __call__(self, step: int, is_update_step: bool = False) -> float:
-        return self.init * (step + 1) ** self.beta
+    def compute(self, step: torch.Tensor) -> torch.Tensor:
+        step = step_tensor(step)
+        return _value(self.init, step) * torch.pow(_value(self.beta, step), step)
 
 
 class Cosine(Schedule):
-    """``minimum + (init - minimum)/2 * (1 + cos(pi * t / half_period))``, held at ``minimum``
-    after ``half_period`` (RigL's drop fraction with ``half_period = T_end``)."""
+    """``offset + amplitude * cos(pi * step / half_period)``, offset ``(init + minimum) / 2``:
+    from ``init`` down to ``minimum`` at ``half_period`` and back up to ``init`` at twice that
+    (RigL's drop fraction with ``half_period = T_end`` and updates ending there)."""
 
     def __init__(self, init: float, half_period: float, minimum: float = 0.0) -> None:
+        super().__init__()
         if half_period <= 0:
             raise ValueError(f"half_period must be > 0, got {half_period}")
-        self.init, self.half_period, self.minimum = float(init), float(half_period), float(minimum)
+        self.init, self.half_period, self.minimum = init, half_period, minimum
 
-    def __call__(self, step: int, is_update_step: bool = False) -> float:
-        t = min(step, self.half_period)
-        return self.minimum + (self.init - self.minimum) * 0.5 * (
-            1 + math.cos(math.pi * t / self.half_period)
-        )
+    def terms(self, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(amplitude, angular frequency, offset) at ``step``'s precision."""
+        offset = (self.minimum + self.init) / 2
+        return (_value(self.init - offset, step), _value(math.pi / self.half_period, step),
+                _value(offset, step))
+
+    def compute(self, step: torch.Tensor) -> torch.Tensor:
+        step = step_tensor(step)
+        amplitude, frequency, offset = self.terms(step)
+        return amplitude * torch.cos(step * frequency) + offset
 
 
 class Cycling(Schedule):
-    """Cycles through ``values``, moving on every ``period`` steps (the update frequency)."""
+    """``values[i]``, ``i`` moving on (wrapping) at each mask update. The engine's algorithms
+    bind their cadence (:meth:`count_updates`), so the value is a function of the step: the
+    number of update steps before it, from step 0 for a sparsity (cstorch counts the initial
+    mask when the cadence includes step 0) and from step 1 for a drop fraction. Unbound, ``i``
+    is the ``index`` that cstorch's protocol advances with :meth:`update` (and saves)."""
 
-    def __init__(self, values: Sequence[float], period: int = 1) -> None:
+    def __init__(self, values: Sequence[float]) -> None:
+        super().__init__()
         if not values:
             raise ValueError("a cycling schedule needs at least one value")
-        if period < 1:
-            raise ValueError(f"period must be >= 1, got {period}")
-        self.values, self.period = [float(v) for v in values], int(period)
+        self.values = list(values)
+        self.index = torch.tensor(0, dtype=torch.int64)
+        self._count: tuple[UpdateSchedule, int] | None = None
+        self._counted = (0, 0)  # (t, updates in [first, t)): a callable cadence is counted on from there
 
-    def __call__(self, step: int, is_update_step: bool = False) -> float:
-        return self.values[(step // self.period) % len(self.values)]
+    def count_updates(self, cadence: UpdateSchedule, first: int) -> None:
+        """Makes the position at step t the number of ``cadence``'s update steps in [first, t)."""
+        self._count, self._counted = (cadence, first), (first, 0)
+
+    @property
+    def bound(self) -> bool:
+        """Whether a cadence gives the position (else ``index`` does)."""
+        return self._count is not None
+
+    def position(self, step: int) -> int:
+        if self._count is None:
+            return int(self.index) % len(self.values)
+        cadence, first = self._count
+        since, counted = self._counted if step >= self._counted[0] else (first, 0)
+        self._counted = (max(step, since), counted + cadence.count(since, step))
+        return self._counted[1] % len(self.values)
+
+    def compute(self, step: torch.Tensor) -> torch.Tensor:
+        step = step_tensor(step)
+        return _value(self.values, step)[self.position(int(step))]  # the list's common dtype, as cstorch
+
+    def update(self, is_update_step: Any) -> None:
+        """cstorch's protocol: moves ``index`` on when ``is_update_step`` (a 0-d bool tensor)."""
+        following = (self.index + 1) % len(self.values)
+        self.index = torch.where(torch.as_tensor(is_update_step, dtype=torch.bool), following, self.index)
+
+    def visit_state(self, fn: Callable[[torch.Tensor], Any]) -> None:
+        moved = fn(self.index)
+        if moved is not None:
+            self.index = moved
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"index": self.index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.index = torch.as_tensor(state["index"], dtype=torch.int64)
 
 
 class Lambda(Schedule):
-    """Wraps a plain Python callable of the step (reference quirk 4, docs/design.md: plain functions accepted)."""
+    """``fn(step)``: cstorch passes its step tensor; the YAML path a plain int, so a plain
+    Python function of the step works (reference quirk 4, docs/design.md)."""
 
-    def __init__(self, fn: Callable[[int], float]) -> None:
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        super().__init__()
         if not callable(fn):
             raise ValueError(f"a lambda schedule needs a callable, got {type(fn).__name__}")
         self.fn = fn
 
-    def __call__(self, step: int, is_update_step: bool = False) -> float:
+    def compute(self, step: torch.Tensor) -> torch.Tensor:
+        return self.fn(step)
+
+    def value_at(self, step: int, is_update_step: bool = False) -> float:
         return float(self.fn(step))
 
 
+# ------------------------------------------------------------------- the engine's own
 class Polynomial(Schedule):
     """``final + (init - final) * (1 - p) ** power``, p the progress from ``begin_step`` to
     ``end_step`` counted in pruning periods of ``every`` steps (the periods step t,
@@ -188,6 +267,7 @@ class Polynomial(Schedule):
     def __init__(
         self, init: float, final: float, begin_step: int, end_step: int, power: float = 3.0, every: int = 1
     ) -> None:
+        super().__init__()
         if end_step <= begin_step:
             raise ValueError(f"end_step ({end_step}) must be after begin_step ({begin_step})")
         if every < 1:
@@ -195,11 +275,11 @@ class Polynomial(Schedule):
         self.init, self.final, self.power = float(init), float(final), float(power)
         self.begin_step, self.end_step, self.every = int(begin_step), int(end_step), int(every)
 
-    def __call__(self, step: int, is_update_step: bool = False) -> float:
+    def compute(self, step: torch.Tensor) -> torch.Tensor:
         first = self.begin_step // self.every
         periods = max(1, self.end_step // self.every - first)
         progress = min(1.0, max(0, int(step) // self.every - first) / periods)
-        return self.final + (self.init - self.final) * (1.0 - progress) ** self.power
+        return _value(self.final + (self.init - self.final) * (1.0 - progress) ** self.power, step)
 
 
 class Cubic(Polynomial):
@@ -225,16 +305,17 @@ class PiecewiseConstant(Schedule):
     """Legacy ``sparsity_schedule: [[step, value], ...]``: the value of the last boundary ≤ t."""
 
     def __init__(self, points: Sequence[Sequence[float]]) -> None:
+        super().__init__()
         if not points or any(len(p) != 2 for p in points):
             raise ValueError("sparsity_schedule must be a non-empty list of [step, value] pairs")
         self.points = sorted((int(s), float(v)) for s, v in points)
 
-    def __call__(self, step: int, is_update_step: bool = False) -> float:
+    def compute(self, step: torch.Tensor) -> torch.Tensor:
         value = self.points[0][1]
         for boundary, v in self.points:
-            if step >= boundary:
+            if int(step) >= boundary:
                 value = v
-        return value
+        return _value(value, step)
 
 
 class PeriodicSchedule(Schedule):
@@ -243,12 +324,16 @@ class PeriodicSchedule(Schedule):
     ``make_schedule`` takes."""
 
     def __init__(self, schedule: Any, period: int) -> None:
+        super().__init__()
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise ValueError(f"period must be an int >= 1, got {period!r}")
         self.schedule, self.period = make_schedule(schedule), period
 
-    def __call__(self, step: int, is_update_step: bool = False) -> float:
+    def value_at(self, step: int, is_update_step: bool = False) -> float:
         return self.schedule.value_at(int(step) % self.period, is_update_step)
+
+    def compute(self, step: torch.Tensor) -> torch.Tensor:
+        return _value(self.value_at(int(step)), step)
 
 
 class BaseHyperParameter(Schedule):
@@ -272,9 +357,17 @@ def schedule_names() -> list[str]:
     return sorted(Schedule.registry)
 
 
-def make_schedule(value: Any, *, period: int = 1) -> Schedule:
-    """Builds a schedule from a float, a ``{"type": ...}`` dict, a list (cycling every ``period``
-    steps), a plain callable, or a :class:`Schedule` (returned as is)."""
+def make_schedule(value: Any, *, cadence: UpdateSchedule | None = None, first: int = 0) -> Schedule:
+    """Builds a schedule from a float, a ``{"type": ...}`` dict, a list (cycling), a plain
+    callable, or a :class:`Schedule` (returned as is). A cycling schedule not bound yet counts
+    the updates of ``cadence`` from step ``first`` (see :class:`Cycling`)."""
+    schedule = _schedule_of(value)
+    if cadence is not None and isinstance(schedule, Cycling) and not schedule.bound:
+        schedule.count_updates(cadence, first)
+    return schedule
+
+
+def _schedule_of(value: Any) -> Schedule:
     if isinstance(value, Schedule):
         return value
     if isinstance(value, bool):
@@ -282,7 +375,7 @@ def make_schedule(value: Any, *, period: int = 1) -> Schedule:
     if isinstance(value, (int, float)):
         return Constant(value)
     if isinstance(value, (list, tuple)):
-        return Cycling(value, period)
+        return Cycling(value)
     if isinstance(value, dict):
         spec = dict(value)
         kind = spec.pop("type", None)
@@ -301,128 +394,3 @@ def make_schedule(value: Any, *, period: int = 1) -> Schedule:
     if callable(value):
         return Lambda(value)
     raise ValueError(f"cannot make a schedule from {type(value).__name__} {value!r}")
-
-
-class UpdateSchedule(ABC):
-    """Decides which optimizer steps (1-based) update the masks."""
-
-    @abstractmethod
-    def __call__(self, step: int) -> bool: ...
-
-    @property
-    def period(self) -> int:
-        """Steps between updates, for cycling schedules (1 when irregular)."""
-        return 1
-
-    @property
-    def last_step(self) -> int | None:
-        """The last step that can update, if bounded (used to place cubic schedules)."""
-        return None
-
-    def last_update(self, until: int) -> int | None:
-        """The last step in [1, until] that updates, or None (plans ask this of runs with
-        millions of steps, so the schedules below answer it without a scan)."""
-        return next((step for step in range(until, 0, -1) if self(step)), None)
-
-
-class Periodic(UpdateSchedule):
-    """Every ``freq`` steps from ``start`` (inclusive) to ``stop`` (exclusive)."""
-
-    def __init__(self, freq: int, start: int = 0, stop: int | None = None) -> None:
-        if int(freq) < 1:
-            raise ValueError(f"update.freq must be >= 1, got {freq}")
-        if int(start) < 0:
-            raise ValueError(f"update.start must be >= 0, got {start}")
-        if stop is not None and int(stop) <= int(start):
-            raise ValueError(f"update.stop ({stop}) must be after update.start ({start})")
-        self.freq, self.start = int(freq), int(start)
-        self.stop = None if stop is None else int(stop)
-
-    def __call__(self, step: int) -> bool:
-        if step < max(self.start, 1) or (self.stop is not None and step >= self.stop):
-            return False
-        return (step - self.start) % self.freq == 0
-
-    @property
-    def period(self) -> int:
-        return self.freq
-
-    @property
-    def last_step(self) -> int | None:
-        return None if self.stop is None else self.stop - 1
-
-    def last_update(self, until: int) -> int | None:
-        end = until if self.stop is None else min(until, self.stop - 1)
-        last = self.start + (end - self.start) // self.freq * self.freq
-        return last if last >= max(self.start, 1) else None
-
-    def __repr__(self) -> str:
-        return f"Periodic(freq={self.freq}, start={self.start}, stop={self.stop})"
-
-
-class AtSteps(UpdateSchedule):
-    """Updates at the listed optimizer steps only (``update: {steps: [...]}``).
-
-    Raises:
-        ValueError: A step below 1.
-    """
-
-    def __init__(self, steps: Sequence[int]) -> None:
-        self.steps = frozenset(int(s) for s in steps)
-        if any(s < 1 for s in self.steps):
-            raise ValueError(f"update.steps must be >= 1, got {sorted(self.steps)}")
-
-    def __call__(self, step: int) -> bool:
-        return step in self.steps
-
-    @property
-    def last_step(self) -> int | None:
-        return max(self.steps) if self.steps else None
-
-    def last_update(self, until: int) -> int | None:
-        return max((step for step in self.steps if step <= until), default=None)
-
-
-class UpdateWhen(UpdateSchedule):
-    """A plain callable ``step -> bool`` (the reference raises on these: reference quirk 3, docs/design.md)."""
-
-    def __init__(self, fn: Callable[[int], bool]) -> None:
-        self.fn = fn
-
-    def __call__(self, step: int) -> bool:
-        return bool(self.fn(step))
-
-
-class Never(UpdateSchedule):
-    def __call__(self, step: int) -> bool:
-        return False
-
-    def last_update(self, until: int) -> int | None:
-        return None
-
-
-def make_update_schedule(value: Any) -> UpdateSchedule:
-    """``None`` (never), int freq, ``{freq, start, stop}``, ``{steps: [...]}``, or a callable."""
-    if value is None:
-        return Never()
-    if isinstance(value, UpdateSchedule):
-        return value
-    if isinstance(value, bool):
-        raise ValueError(f"update must be an int, dict or callable, got {value!r}")
-    if isinstance(value, int):
-        return Periodic(value)
-    if isinstance(value, dict):
-        keys = set(value)
-        if "steps" in keys:
-            if keys != {"steps"}:
-                raise ValueError(f"update with 'steps' takes no other keys, got {sorted(keys)}")
-            return AtSteps(value["steps"])
-        unknown = keys - {"freq", "start", "stop"}
-        if unknown or "freq" not in keys:
-            raise ValueError(
-                f"update must be {{freq, start, stop}} or {{steps}}; got keys {sorted(keys)}"
-            )
-        return Periodic(**value)
-    if callable(value):
-        return UpdateWhen(value)
-    raise ValueError(f"cannot make an update schedule from {type(value).__name__} {value!r}")

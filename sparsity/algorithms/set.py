@@ -55,7 +55,8 @@ class SET(DynamicSparsityAlgorithm):
         if score_shaper is not None and not isinstance(score_shaper, ScoreShaper):
             raise ValueError(f"score_shaper must be a sparsity.ScoreShaper, got {score_shaper!r}")
         super().__init__(sparsity, update=update, **kwargs)
-        self.drop_fraction = make_schedule(drop_fraction, period=self.update_schedule.period)
+        # a cycling drop fraction counts the updates before the step (cstorch's count)
+        self.drop_fraction = make_schedule(drop_fraction, cadence=self.update_schedule, first=1)
         # drop and grow compete within each group the shaper makes (one group: the whole tensor)
         self.shaper: ScoreShaper = score_shaper or ScoreFlattener()
         self.grow_init = grow_init

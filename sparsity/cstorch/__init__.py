@@ -3,11 +3,11 @@
     import sparsity.cstorch as cstorch      # was: import cerebras.pytorch as cstorch
 
 Submodules as in cstorch: ``sparse`` (with ``utils``, ``init``), ``optim`` (with
-``lr_scheduler``), ``amp``, ``utils.data``. The parts that drive a Cerebras system run on the
+``lr_scheduler``, ``weight_decay_scheduler``, ``scheduler``), ``amp``, ``utils.data``. The parts that drive a Cerebras system run on the
 CPU: ``backend(...)`` and its ``device`` context, ``compile`` (the model itself, or
 ``torch.compile`` when asked), ``trace`` (the function, with its step closures run when it
 returns), ``name_scope`` (a no-op context). ``save`` / ``load`` are ``torch.save`` /
-``torch.load``. ``summarize_scalar`` (cstorch 2.0; removed in 2.x) records scalars for a
+``torch.load``, the latter reading numpy values too. ``summarize_scalar`` (cstorch 2.0; removed in 2.x) records scalars for a
 writer set with ``set_summary_writer``.
 """
 
@@ -131,7 +131,25 @@ def save(obj: Any, path: Any) -> None:
 
 
 def load(path: Any, map_location: Any = "cpu", **kwargs: Any) -> Any:
-    return torch.load(path, map_location=map_location, **kwargs)
+    """``torch.load`` (``weights_only`` unless the caller says otherwise), reading besides
+    tensors the numpy values cstorch checkpoints hold, as the reference does: arrays, scalars
+    such as an ``np.int64`` step, numpy's RNG state. Only numpy's array and scalar
+    constructors and its numeric dtypes are allowed, never arbitrary pickled objects."""
+    with torch.serialization.safe_globals(_numpy_value_globals()):
+        return torch.load(path, map_location=map_location, **kwargs)
+
+
+def _numpy_value_globals() -> list[Any]:
+    """What a pickle of numpy arrays and scalars of bool, int, uint, float and complex dtypes
+    refers to (none without numpy, whose values no checkpoint can then hold)."""
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    numeric = [np.dtype(kind + str(size)) for kind, sizes in (("b", [1]), ("i", [1, 2, 4, 8]), ("u", [1, 2, 4, 8]),
+                                                              ("f", [2, 4, 8]), ("c", [8, 16])) for size in sizes]
+    core = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+    return [core._reconstruct, core.scalar, np.ndarray, np.dtype, *(type(dtype) for dtype in numeric)]
 
 
 # ----------------------------------------------------------------------------- summaries

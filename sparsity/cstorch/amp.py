@@ -2,9 +2,13 @@
 
 ``GradScaler(loss_scale="dynamic", init_scale=..., steps_per_increase=..., min_loss_scale=...,
 max_loss_scale=..., overflow_tolerance=..., max_gradient_norm=...)`` scales the loss, unscales
-the gradients, and on a non-finite gradient norm skips the optimizer step: no step hook runs,
-so the sparsity ``step`` and masks hold, and the LR schedulers hold too (cstorch rolls all three
-back on a CS system). Its scale arithmetic is cstorch's (halved when the overflow ratio exceeds
+the gradients, and on a non-finite gradient norm skips the step as cstorch does: it runs the
+optimizer step, its hooks included (so a sparsity update draws its random numbers and the
+global RNG stream stays where the reference leaves it), with ``isfinite(optimizer)`` False,
+and then rolls back the weights, the optimizer state and every tensor marked with
+``update_if_finite`` (the sparsity ``step``), so masks, weights and state hold. The LR
+schedulers hold too (the reference's writes its next learning rate into the groups: docs/cstorch.md).
+Its scale arithmetic is cstorch's (halved when the overflow ratio exceeds
 ``overflow_tolerance``, doubled after ``steps_per_increase`` clean steps, clamped). A constant
 ``loss_scale`` (default 1.0) scales by that number and never skips.
 
@@ -73,8 +77,33 @@ def isfinite(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def update_if_finite(optimizer: torch.optim.Optimizer, tensor: torch.Tensor) -> None:
-    """cstorch marks ``tensor`` to roll back on a skipped step; here a skipped step never
-    changes anything (it does not run), so there is nothing to mark."""
+    """Marks ``tensor`` to be rolled back if the step running now is skipped (a no-op outside
+    a skipped step's run)."""
+    rollback = getattr(optimizer, "_cstorch_rollback", None)
+    if rollback is not None and isinstance(tensor, torch.Tensor) and not any(t is tensor for t, _ in rollback):
+        rollback.append((tensor, tensor.detach().clone()))
+
+
+@torch.no_grad()
+def _run_and_roll_back(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+    """Runs ``optimizer.step`` and restores what it changed: the weights, the optimizer state
+    (state created by the step is dropped) and the tensors marked with ``update_if_finite``."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    marked = [(p, p.detach().clone()) for p in params]
+    states = {p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in optimizer.state[p].items()}
+              for p in params if p in optimizer.state}
+    optimizer._cstorch_rollback = marked
+    try:
+        return optimizer.step(*args, **kwargs)
+    finally:
+        del optimizer._cstorch_rollback
+        for tensor, saved in marked:
+            tensor.copy_(saved)
+        for p in params:
+            if p in states:
+                optimizer.state[p] = states[p]
+            else:
+                optimizer.state.pop(p, None)
 
 
 class GradScaler:
@@ -139,7 +168,7 @@ class GradScaler:
         optimizer._cstorch_step_skipped = skip
         if skip:
             self._num_skipped_steps += 1
-            return None
+            return _run_and_roll_back(optimizer, *args, **kwargs)
         if self._max_gradient_norm and self.global_norm is not None:
             factor = min(self._max_gradient_norm / (float(self.global_norm) + 1e-6), 1.0)
             for grad in self._grads(optimizer):

@@ -364,3 +364,26 @@ def test_bad_config_shapes(config: object) -> None:
 def test_group_errors_say_which_group() -> None:
     with pytest.raises(ValueError, match=r"sparsity\[1\]\.sparsity"):
         configure([{"param_filter": "fc1.weight", "sparsity": 0.5}, {"sparsity": 2.0}])
+
+
+def test_modelzoo_nested_groups_and_the_default_filter_are_cstorchs():
+    """ModelZoo's config classes nest a group's options under ``params`` (cstorch's
+    ``flatten_sparsity_params`` reads them); the default filter leaves out ALiBi's
+    ``pe_helper`` as cstorch's does. Both read alike through the two APIs."""
+    import sparsity.cstorch as cstorch
+
+    section = {"groups": [{"params": {"algorithm": "set", "sparsity": 0.5, "update": {"freq": 2}},
+                           "param_filter": "fc*.weight"}]}
+    model = make_model()
+    model.pe_helper = nn.Linear(4, 4, bias=False)
+    alg = configure(section)
+    model.apply(alg)
+    ours = sorted(name for name, _, _ in alg.sparse_parameters())
+    theirs = cstorch.sparse.configure(section)
+    assert ours == ["fc1.weight", "fc2.weight"] and type(alg).__name__ == "Group"
+    assert type(theirs[0]).__name__ == "SET" and theirs[0].sparsity.default.value == 0.5
+    defaults = configure(0.5)
+    model = make_model()
+    model.pe_helper = nn.Linear(4, 4, bias=False)
+    model.apply(defaults)
+    assert sorted(name for name, _, _ in defaults.sparse_parameters()) == ["fc1.weight", "fc2.weight"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import pickle
 import subprocess
 import sys
 import warnings
@@ -69,6 +70,29 @@ def test_every_cstorch_lr_scheduler_name_is_there():
              "StepLR", "CosineAnnealingLR", "LambdaLR", "CosineAnnealingWarmRestarts", "MultiplicativeLR",
              "ChainedLR", "ChainedScheduler", "CyclicLR", "OneCycleLR", "ScalePerParamLR"]
     assert [n for n in names if not hasattr(cstorch.optim.lr_scheduler, n)] == []
+
+
+def test_every_cstorch_weight_decay_scheduler_and_generic_scheduler_is_there():
+    closed_forms = ["Constant", "Polynomial", "Linear", "Exponential", "InverseExponentialTimeDecay",
+                    "InverseSquareRootDecay", "CosineDecay", "Sequential", "PiecewiseConstant", "MultiStep", "Step",
+                    "CosineAnnealing", "Lambda", "CosineAnnealingWarmRestarts", "Multiplicative", "Chained", "Cyclic",
+                    "OneCycle", "ScalePerParam"]
+    decay, generic = cstorch.optim.weight_decay_scheduler, cstorch.optim.scheduler
+    assert [n for n in closed_forms if not hasattr(decay, f"{n}WD")] == []
+    assert [n for n in closed_forms if not hasattr(generic, f"{n}Scheduler")] == []
+    assert issubclass(decay.CosineDecayWD, generic.CosineDecayScheduler)
+    with pytest.raises(TypeError):  # abstract: a scheduler names the value it sets
+        generic.ConstantScheduler(cstorch.optim.SGD(mlp().parameters(), lr=0.1), val=0.5)
+
+
+def test_cstorchs_adafactor_takes_its_arguments_and_names_what_it_does_not_support():
+    params = list(mlp().parameters())
+    adafactor = cstorch.optim.Adafactor(params, lr=0.01, decay_rate=-0.6, scale_parameter=False, eps=(1e-30, 1e-2))
+    assert adafactor.defaults["decay_rate"] == -0.6 and sorted(adafactor.state[params[0]]) == [
+        "exp_avg_sq_col", "exp_avg_sq_row", "step"]
+    with pytest.raises(ValueError, match="beta1=0.9"):
+        cstorch.optim.Adafactor(params, lr=0.01, beta1=0.9)
+    assert cstorch.optim.Rprop(params).defaults["lr"] == 0.001 and cstorch.optim.RAdam(params).defaults["eps"] == 1e-6
 
 
 # ------------------------------------------------------------------ extension contract
@@ -272,6 +296,47 @@ def test_a_skipped_step_moves_neither_the_sparsity_step_nor_the_lr_schedule():
             assert all(torch.equal(a, b) for a, b in zip(before[1], model.parameters()))
     assert int(alg.step) == 2 and scheduler.last_epoch == 2
     assert int(scaler.get_num_skipped_steps()) == 1 and float(scaler.get_scale()) == 4.0
+
+
+def test_a_skipped_first_step_leaves_a_lazily_built_optimizer_state_unbuilt():
+    """The skipped step runs (its random draws stay in the global stream) and is rolled back:
+    the state a torch-backed optimizer builds on its first step is dropped again."""
+    model = mlp()
+    alg = cstorch.sparse.SET(sparsity=0.5)
+    alg.apply(model)
+    optimizer = cstorch.optim.RMSprop(model.parameters())
+    optimizer.apply(alg)
+    alg.initialize()
+    scaler = cstorch.amp.GradScaler(loss_scale="dynamic", init_scale=1.0, min_loss_scale=1.0, max_loss_scale=1.0)
+    torch.manual_seed(3)
+    loss = model(torch.randn(6, 8)).square().mean() * float("inf")
+    weights, before = [p.detach().clone() for p in model.parameters()], masks(model)  # pruned by the forward
+    cstorch.amp.optimizer_step(loss, optimizer, scaler)
+    after_skip = torch.rand(1)
+    torch.manual_seed(3)
+    torch.randn(6, 8)
+    for p in model.parameters():  # SET's draw on the skipped step, one per parameter with a gradient
+        torch.rand_like(p)
+    assert torch.equal(torch.rand(1), after_skip)
+    assert not optimizer.state and int(alg.step) == 0
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before.values(), masks(model).values()))
+
+
+def test_load_reads_numpy_values_and_nothing_else_a_pickle_can_hold(tmp_path):
+    np = pytest.importorskip("numpy")
+    np.random.seed(0)
+    cstorch.save({"rng": np.random.get_state(), "step": np.int64(7), "loss": np.float32(0.5),
+                  "history": np.arange(4.0), "w": torch.ones(2)}, tmp_path / "numpy.mdl")
+    state = cstorch.load(tmp_path / "numpy.mdl")
+    np.random.set_state(state["rng"])
+    assert np.random.rand() == pytest.approx(0.5488135039273248)  # np.random.seed(0)'s first draw
+    assert state["step"] == 7 and state["loss"] == np.float32(0.5) and state["history"].tolist() == [0, 1, 2, 3]
+    cstorch.save({"callable": math.floor}, tmp_path / "code.mdl")  # a pickle may name any global
+    cstorch.save({"objects": np.array([None, 1], dtype=object)}, tmp_path / "objects.mdl")
+    for refused in ("code.mdl", "objects.mdl"):
+        with pytest.raises(pickle.UnpicklingError):
+            cstorch.load(tmp_path / refused)
 
 
 def test_a_constant_loss_scale_scales_and_unscales_to_the_same_gradients():

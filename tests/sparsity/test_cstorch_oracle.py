@@ -82,7 +82,9 @@ def test_the_deliberate_differences_are_exactly_the_documented_ones():
     actual = harness.run_isolated("deliberate_differences", "ours")
     found = harness.differences(expected, actual, "")
     assert sorted({line.split("[")[0].split(".")[1] for line in found}) == [
-        "cycling_loaded", "linear_dtype_after_amp_init", "restart_kept", "submodule_masks_kept", "swapped_out"]
+        "cycling_loaded", "linear_dtype_after_amp_init", "lr_used", "muon_step", "restart_kept",
+        "scheduler_step_after_scaled_step", "state_keys/Adadelta", "state_keys/RMSprop", "state_keys/Rprop",
+        "submodule_masks_kept", "swapped_out"]
     # a cosine drop_fraction: the reference swaps ~the same count every step; ours follows the cosine
     assert actual["swapped_out"][0] == expected["swapped_out"][0]
     assert actual["swapped_out"] == sorted(actual["swapped_out"], reverse=True) and actual["swapped_out"][-1] == 0
@@ -97,3 +99,16 @@ def test_the_deliberate_differences_are_exactly_the_documented_ones():
     # amp.init(): the reference computes every linear of the process in float16, CPU included; here float32
     assert expected["linear_dtype_after_amp_init"] == ["torch.float16"]
     assert actual["linear_dtype_after_amp_init"] == ["torch.float32"]
+    # a skipped step (the second of five): the reference rolls the scheduler's last_epoch back but
+    # keeps the learning rate it wrote, so the next step runs at the following value; here it holds
+    assert expected["lr_used"] == pytest.approx([0.1, 0.09, 0.08, 0.08, 0.07])
+    assert actual["lr_used"] == pytest.approx([0.1, 0.09, 0.09, 0.08, 0.07])
+    assert actual["last_epoch"] == expected["last_epoch"] == [1, 1, 2, 3, 4]
+    # off a CS system, the reference's scheduler.step() after a dynamically scaled step raises
+    assert expected["scheduler_step_after_scaled_step"] == ["RuntimeError"]
+    assert actual["scheduler_step_after_scaled_step"] == ["ok"]
+    # Adadelta, RMSprop and Rprop compute with PyTorch's arithmetic, whose state also counts steps
+    for name in ("Adadelta", "RMSprop", "Rprop"):
+        assert actual[f"state_keys/{name}"][0] == sorted(expected[f"state_keys/{name}"][0] + ["step"])
+    # the reference's Muon cannot step off a CS system (its Newton-Schulz helper takes no self)
+    assert expected["muon_step"] == ["TypeError"] and actual["muon_step"] == ["ok"]

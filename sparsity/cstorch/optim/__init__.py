@@ -1,5 +1,6 @@
-"""``cstorch.optim``: cstorch's optimizers and LR schedulers, ``configure_optimizer`` and
-``configure_lr_scheduler`` (ModelZoo's ``optimizer`` / ``learning_rate`` config sections)."""
+"""``cstorch.optim``: cstorch's optimizers, its schedulers of learning rate and weight decay
+(``lr_scheduler``, ``weight_decay_scheduler``, both over ``scheduler``), ``configure_optimizer``
+and ``configure_lr_scheduler`` (ModelZoo's ``optimizer`` / ``learning_rate`` config sections)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,14 @@ from typing import Any
 import torch
 
 from .._subclasses import concrete_subclasses
-from . import lr_scheduler
+from . import lr_scheduler, scheduler, weight_decay_scheduler
 from .lr_scheduler import LRScheduler
-from .optimizer import SGD, Adagrad, Adam, Adamax, AdamW, Lion, NAdam, Optimizer, torch_backed
+from .optimizer import SGD, Adagrad, Adam, Adamax, AdamW, Lion, NAdam, Optimizer
+from .torch_named import ASGD, Adadelta, Adafactor, Muon, RAdam, RMSprop, Rprop
 
-# cstorch names that PyTorch implements under the same name (Lamb has no torch equivalent).
-_TORCH_NAMES = ("Adadelta", "Adafactor", "ASGD", "Muon", "RAdam", "RMSprop", "Rprop")
-globals().update({name: torch_backed(getattr(torch.optim, name)) for name in _TORCH_NAMES if hasattr(torch.optim, name)})
-
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Lion", "Adagrad", "Adamax", "NAdam",
-           *(n for n in _TORCH_NAMES if hasattr(torch.optim, n)), "lr_scheduler", "configure_optimizer",
-           "configure_lr_scheduler"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Lion", "Adagrad", "Adamax", "NAdam", "Adadelta", "Adafactor",
+           "ASGD", "Muon", "RAdam", "RMSprop", "Rprop", "lr_scheduler", "scheduler", "weight_decay_scheduler",
+           "configure_optimizer", "configure_lr_scheduler"]
 
 # Renamed keys of older configs, refused with the new name (as cstorch does).
 _OPTIMIZER_ALIASES = {"weight_decay": ("weight_decay_rate",), "betas": ("beta1", "beta2"), "eps": ("eps1", "eps2")}

@@ -3,8 +3,7 @@
 ``SGD``, ``Adam``, ``AdamW``, ``Lion``, ``Adagrad``, ``Adamax`` and ``NAdam`` compute what
 cstorch's do, with its defaults (Adam's ``eps`` 1e-6 added after the square root and bias
 correction folded into the step size; state created at construction), so a script's losses
-match the reference. The other names are PyTorch's optimizers of that name with cstorch's
-``apply`` and zero-grad hooks.
+match the reference. The names cstorch gives PyTorch's optimizers are in ``torch_named``.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Lion", "Adagrad", "Adamax", "NAdam", "torch_backed"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Lion", "Adagrad", "Adamax", "NAdam"]
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -340,10 +339,3 @@ class NAdam(Optimizer):
                 p.addcdiv_((momentum_term + gradient_term) * -group["lr"], denominator)
         return loss
 
-
-def torch_backed(base: type[torch.optim.Optimizer]) -> type[Optimizer]:
-    """PyTorch's optimizer ``base`` with cstorch's additions."""
-    cls = type(base.__name__, (Optimizer, base), {"__doc__": f"torch.optim.{base.__name__} with cstorch's apply "
-                                                             "and zero-grad hooks."})
-    cls.__module__ = "sparsity.cstorch.optim"
-    return cls

@@ -131,8 +131,10 @@ class SparsityAlgorithm(ABC):
                 and self.sparse_params.get(sp.name) is sp)
 
     def sparsify_module(self, module: nn.Module) -> None:
+        """Offers every parameter under every name it has to ``sparsify_parameter``: a tied
+        weight goes to the first of its names the filter takes (cstorch's order), and
+        ``sparsify_parameter`` skips it under the names after that."""
         before = self.num_sparse_params
-        seen: set[int] = set()
         for module_name, submodule in module.named_modules():
             if getattr(submodule, "requires_dense", False):
                 continue
@@ -141,9 +143,6 @@ class SparsityAlgorithm(ABC):
                 continue
             submodule.is_sparse = True
             for attr, param in list(submodule._parameters.items()):
-                if param is None or id(param) in seen:
-                    continue
-                seen.add(id(param))
                 self.sparsify_parameter(submodule, f"{module_name}.{attr}" if module_name else attr, param)
         if self.num_sparse_params == before:
             warnings.warn(f"No parameters were sparsified in module {type(module).__name__}")

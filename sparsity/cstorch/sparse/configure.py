@@ -13,20 +13,14 @@ import copy
 import warnings
 from typing import Any
 
-import torch
 
+from ...config import flatten_group
+from ...filters import DEFAULT_PARAM_FILTER as default_sparse_param_filter
 from .._subclasses import concrete_subclasses
 from .base import SparsityAlgorithm
 from .group import Group
 
 __all__ = ["configure", "map_sparsity_algorithm", "default_sparse_param_filter", "flatten_sparsity_params"]
-
-_EXCLUDED_WORDS = ("embedding", "norm", "lm_head", "pe_helper")
-
-
-def default_sparse_param_filter(name: str, param: torch.Tensor | None) -> bool:
-    lowered = name.lower()
-    return param is not None and param.dim() > 1 and not any(word in lowered for word in _EXCLUDED_WORDS)
 
 
 def map_sparsity_algorithm(algorithm: str) -> type[SparsityAlgorithm]:
@@ -43,13 +37,8 @@ def flatten_sparsity_params(config: Any) -> Any:
     if not isinstance(config, dict) or "groups" not in config:
         return config
 
-    def flat(entry: dict[str, Any]) -> dict[str, Any]:
-        merged = {k: v for k, v in entry.items() if k != "params"}
-        merged.update(entry.get("params", {}))
-        return merged
-
     groups = config["groups"]
-    return [flat(g) for g in groups] if isinstance(groups, list) else flat(groups)
+    return [flatten_group(g) for g in groups] if isinstance(groups, list) else flatten_group(groups)
 
 
 def configure(config: Any) -> Group | None:

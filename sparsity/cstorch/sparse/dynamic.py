@@ -7,8 +7,8 @@ gradient, ``update_mask(p, mask, sparsity)`` gets the clamped level as a 0-d ten
 result replaces the mask only on update steps. The target hook fires once per distinct
 schedule (``name`` = common prefix of its parameters + ``*``) and the computed hook once per
 parameter, every step, with tensors. ``update=None`` means every step. A step that the
-GradScaler skips for non-finite gradients runs no optimizer step, so ``step`` does not move and
-masks do not change (cstorch rolls both back), and the LR schedulers hold with it.
+GradScaler skips for non-finite gradients runs as in cstorch, random draws included, with
+``is_update_step`` False, and the GradScaler rolls ``step`` back after it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
+from .. import amp
 from .base import SparsityAlgorithm
-from .utils import make_update_schedule
+from .reference_rules import make_update_schedule, starts_sparse
 
 __all__ = ["DynamicSparsityAlgorithm"]
 
@@ -29,7 +30,7 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
     def __init__(self, sparsity: Any = None, update: Any = None, **kwargs: Any) -> None:
         super().__init__(sparsity=sparsity, **kwargs)
         self.update_schedule = make_update_schedule(update)
-        self.starts_sparse = torch.as_tensor(self.update_schedule(torch.tensor(0, dtype=torch.int64)), dtype=torch.bool)
+        self.starts_sparse = starts_sparse(self.update_schedule)
         if not bool(self.starts_sparse):
             self.init_method = lambda p, sparsity, **_: torch.ones_like(p, dtype=torch.bool)
         self.step = torch.tensor(0, dtype=torch.int64)
@@ -65,8 +66,12 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
 
     @torch.no_grad()
     def update(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        if optimizer is not None:
+            amp.update_if_finite(optimizer, self.step)  # a skipped step's count is rolled back
         self.step += 1
         self._is_update_step = None
+        if optimizer is not None and not amp.isfinite(optimizer):
+            self.is_update_step = False  # masks hold on a skipped step
         pending = self._schedules_used(optimizer)
         for sparse_param in list(self.get_sparse_params(optimizer)):
             param, mask = sparse_param.param, sparse_param.mask

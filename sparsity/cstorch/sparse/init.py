@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .reference_rules import random_scores
 from .utils import make_mask_topk_sparsity
 
 __all__ = ["random", "topk", "from_zeros", "checkerboard", "make_init_method", "INIT_METHODS"]
@@ -22,7 +23,7 @@ InitMethod = Callable[..., torch.Tensor]
 
 def random(p: torch.Tensor, sparsity: torch.Tensor, score_shaper: Any = None, device: Any = None) -> torch.Tensor:
     """A uniformly random mask with the exact count."""
-    return make_mask_topk_sparsity(torch.rand_like(p, device=device or p.device), sparsity, score_shaper)
+    return make_mask_topk_sparsity(random_scores(p, device), sparsity, score_shaper)
 
 
 def topk(p: torch.Tensor, sparsity: torch.Tensor, score_shaper: Any = None, device: Any = None) -> torch.Tensor:

@@ -14,12 +14,12 @@ the name, a dict of them one group each) and run with 2.x semantics.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ...filters import RegexParamFilter
 from ...wrapper import SparsityWrapperOptimizer
 from .configure import default_sparse_param_filter, map_sparsity_algorithm
 from .group import Group
@@ -42,11 +42,6 @@ def _translate(options: dict[str, Any]) -> dict[str, Any]:
         options["update"] = cadence
     options.pop("add_summaries", None)
     return options
-
-
-def _regex_filter(patterns: list[str]) -> Callable[[str, torch.Tensor], bool]:
-    compiled = [re.compile(p) for p in patterns]
-    return lambda name, _param: any(p.search(name) for p in compiled)
 
 
 class LegacySparsityOptimizer:
@@ -85,12 +80,10 @@ def configure_sparsity_optimizer(sparsity_type: str, named_parameters: Any = Non
         for pattern, overrides in param_name_patterns.items():
             if overrides is not None and not isinstance(overrides, dict):
                 raise ValueError(f"param_name_patterns[{pattern!r}] must be a dict of options, got {overrides!r}")
-            group.add(_regex_filter([pattern]), cls(**_translate({**kwargs, **(overrides or {})})))
+            group.add(RegexParamFilter(pattern), cls(**_translate({**kwargs, **(overrides or {})})))
         return LegacySparsityOptimizer(group)
-    if isinstance(param_name_patterns, str):
-        chosen = _regex_filter([param_name_patterns])
-    elif isinstance(param_name_patterns, (list, tuple)):
-        chosen = _regex_filter(list(param_name_patterns))
+    if isinstance(param_name_patterns, (str, list, tuple)):
+        chosen = RegexParamFilter(param_name_patterns)
     elif param_name_patterns is None:
         chosen = sparse_param_filter or default_sparse_param_filter
     else:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from .dynamic import DynamicSparsityAlgorithm
+from .reference_rules import random_scores
 from .utils import make_hyperparam_schedule, make_mask_drop_minimum, make_mask_grow_maximum
 
 __all__ = ["SET"]
@@ -27,4 +28,4 @@ class SET(DynamicSparsityAlgorithm):
         self.drop_fraction.update(self.is_update_step)
         kept_mask, kept = make_mask_drop_minimum(p.abs(), mask, drop_fraction)
         # drawn every step, update step or not, as cstorch does (same global RNG stream)
-        return make_mask_grow_maximum(torch.rand_like(p), kept_mask, sparsity, kept)
+        return make_mask_grow_maximum(random_scores(p), kept_mask, sparsity, kept)

@@ -1,8 +1,12 @@
 """``cstorch.sparse.utils``: hyper-parameter schedules, update schedules, score shapers and the
-mask algebra, with cstorch 2.x's names, arguments and arithmetic.
+mask algebra, with cstorch 2.x's names and arguments.
 
-Counts follow cstorch exactly: ``trunc(float32(1 - s) * n)`` per shaper row (80% of 640 keeps
-127), top-k by ``torch.topk`` (ties in its order). Schedules take and return 0-d tensors.
+The schedules, update schedules and shapers are the engine's (``sparsity.schedules``,
+``sparsity.update_schedules``, ``sparsity.masks``): each class here is the engine's class with
+cstorch's protocol on top (``HyperParameterSchedule``: a value per step tensor, memoised, and
+``update(is_update_step)`` for stateful ones). The mask algebra and cstorch's reading of
+``update`` are cstorch's rules where they differ from the engine's
+(:mod:`sparsity.cstorch.sparse.reference_rules`).
 
 One deliberate difference: a schedule's value is memoised per step *value*, so a step-varying
 ``drop_fraction`` varies (as on a CS system); the CPU/GPU reference memoises on the identity of
@@ -12,14 +16,20 @@ its in-place step tensor and freezes such a schedule at its first value.
 from __future__ import annotations
 
 import functools
-import math
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from abc import abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ... import schedules
+from ...masks import InputGroupScoreShaper, OutputGroupScoreShaper, ScoreFlattener, ScoreShaper
+from ...update_schedules import AtSteps as ListSchedule
+from ...update_schedules import Periodic as FreqSchedule
+from ...update_schedules import UpdateSchedule
 from .._subclasses import concrete_subclasses
+from .reference_rules import (make_mask_drop_minimum, make_mask_grow_maximum, make_mask_topk_sparsity,
+                              make_update_schedule)
 
 __all__ = [
     "HyperParameterSchedule", "Constant", "Linear", "Exp", "Power", "Cosine", "Cycling", "Lambda",
@@ -28,11 +38,6 @@ __all__ = [
     "ScoreTiebreaker", "RandomScoreTiebreaker", "FirstScoreTiebreaker", "make_tiebreaker",
     "make_mask_topk_sparsity", "make_mask_drop_minimum", "make_mask_grow_maximum",
 ]
-
-
-def _as_step(step: Any) -> torch.Tensor:
-    return step if isinstance(step, torch.Tensor) else torch.tensor(step, dtype=torch.float)
-
 
 # ------------------------------------------------------------------------ hyper-parameters
 _NOT_YET = object()  # no update this step (None could be an argument)
@@ -65,11 +70,14 @@ def _once_per_step(update: Callable[[Any, Any], None]) -> Callable[[Any, Any], N
     return guarded
 
 
-class HyperParameterSchedule(ABC):
-    """A value per step. Subclasses implement ``compute(step)``; stateful ones (Cycling) also
-    ``update(is_update_step)``, which runs once per optimizer step however many parameters
+class HyperParameterSchedule(schedules.Schedule):
+    """cstorch's protocol on an engine schedule: ``schedule(step)`` is ``compute(step)`` (a
+    0-d tensor; subclasses implement ``compute``) memoised for the step; stateful ones (Cycling)
+    also ``update(is_update_step)``, which runs once per optimizer step however many parameters
     share the schedule, whatever a subclass's ``update`` does; ``cache_clear()`` ends the step.
     A subclass is found in configs by its lowercase class name (``{"type": "cubic", ...}``)."""
+
+    config_names = False  # cstorch finds its schedules by class name (make_hyperparam_schedule)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -77,11 +85,12 @@ class HyperParameterSchedule(ABC):
             cls.update = _once_per_step(cls.update)  # type: ignore[method-assign]
 
     def __init__(self) -> None:
+        super().__init__()
         self._memo: tuple[float, torch.Tensor] | None = None
 
     @abstractmethod
     def compute(self, step: torch.Tensor) -> torch.Tensor:
-        """The value at ``step`` (a 0-d tensor)."""
+        """The value at ``step`` (cstorch's int64 0-d tensor), as a 0-d tensor."""
 
     def __call__(self, step: Any) -> torch.Tensor:
         key = float(step)
@@ -107,111 +116,45 @@ class HyperParameterSchedule(ABC):
         pass
 
     def get_min_max_end(self, begin: int, end: int) -> tuple[float, float, float] | None:
+        """cstorch's estimate: the values at ``begin`` and ``end``, taken as the extremes."""
         first, last = float(self(torch.tensor(begin))), float(self(torch.tensor(end)))
         return (min(first, last), max(first, last), last)
 
 
-class Constant(HyperParameterSchedule):
-    def __init__(self, value: float) -> None:
-        super().__init__()
-        self.value = value
-
-    def compute(self, step: torch.Tensor) -> torch.Tensor:
-        return torch.tensor(self.value)
+class Constant(schedules.Constant, HyperParameterSchedule):
+    """``value``."""
 
 
-class Linear(HyperParameterSchedule):
+class Linear(schedules.Linear, HyperParameterSchedule):
     """``init + slope * step``."""
 
-    def __init__(self, init: float, slope: float) -> None:
-        super().__init__()
-        self.init, self.slope = torch.tensor(init), torch.tensor(slope)
 
-    def compute(self, step: torch.Tensor) -> torch.Tensor:
-        return self.init + _as_step(step) * self.slope
-
-
-class Exp(HyperParameterSchedule):
+class Exp(schedules.Exp, HyperParameterSchedule):
     """``final - (final - init) * exp(gamma * step)``."""
 
-    def __init__(self, init: float, gamma: float, final: float = 1) -> None:
-        super().__init__()
-        self.final = torch.tensor(final)
-        self.scale = self.final - torch.tensor(init)
-        self.gamma = torch.tensor(gamma)
 
-    def compute(self, step: torch.Tensor) -> torch.Tensor:
-        return self.final - self.scale * torch.exp(_as_step(step) * self.gamma)
-
-
-class Power(HyperParameterSchedule):
+class Power(schedules.Power, HyperParameterSchedule):
     """``init * beta ** step``."""
 
-    def __init__(self, init: float, beta: float) -> None:
-        super().__init__()
-        self.init, self.beta = torch.tensor(init), torch.tensor(beta)
 
-    def compute(self, step: torch.Tensor) -> torch.Tensor:
-        return self.init * torch.pow(self.beta, _as_step(step))
-
-
-class Cosine(HyperParameterSchedule):
+class Cosine(schedules.Cosine, HyperParameterSchedule):
     """From ``init`` down to ``minimum`` at ``half_period`` and back at twice that."""
 
-    def __init__(self, init: float, half_period: float, minimum: float = 0.0) -> None:
-        super().__init__()
-        middle = (minimum + init) / 2
-        self.amp, self.offset = torch.tensor(init - middle), torch.tensor(middle)
-        self.freq = torch.tensor(math.pi / half_period)
-
-    def compute(self, step: torch.Tensor) -> torch.Tensor:
-        return self.amp * torch.cos(_as_step(step) * self.freq) + self.offset
-
     def get_min_max_end(self, begin: int, end: int) -> tuple[float, float, float]:
-        low, high = sorted((float(self.offset - self.amp), float(self.offset + self.amp)))
+        amplitude, _, offset = self.terms(torch.tensor(end))
+        low, high = sorted((float(offset - amplitude), float(offset + amplitude)))
         return (low, high, float(self(torch.tensor(end))))
 
 
-class Cycling(HyperParameterSchedule):
+class Cycling(schedules.Cycling, HyperParameterSchedule):
     """``values[index]``; the index moves on (wrapping) at each update step."""
-
-    def __init__(self, values: Sequence[float]) -> None:
-        super().__init__()
-        self.values = list(values)
-        self.index = torch.tensor(0, dtype=torch.int64)
-
-    def compute(self, step: torch.Tensor) -> torch.Tensor:
-        return torch.tensor(self.values[int(self.index)])
-
-    def update(self, is_update_step: Any) -> None:
-        following = (self.index + 1) % len(self.values)
-        # the value already read this step stays (memoised) until cache_clear() ends the step
-        self.index = torch.where(torch.as_tensor(is_update_step, dtype=torch.bool), following, self.index)
 
     def get_min_max_end(self, begin: int, end: int) -> tuple[float, float, float]:
         return (min(self.values), max(self.values), self.values[-1])
 
-    def visit_state(self, fn: Callable[[torch.Tensor], Any]) -> None:
-        moved = fn(self.index)
-        if moved is not None:
-            self.index = moved
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"index": self.index}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.index = torch.as_tensor(state["index"], dtype=torch.int64)
-
-
-class Lambda(HyperParameterSchedule):
+class Lambda(schedules.Lambda, HyperParameterSchedule):
     """``fn(step)``."""
-
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def compute(self, step: torch.Tensor) -> torch.Tensor:
-        return self.fn(step)
 
     def get_min_max_end(self, begin: int, end: int) -> None:
         return None
@@ -241,111 +184,7 @@ def make_hyperparam_schedule(schedule: Any) -> HyperParameterSchedule:
                      f"{{'type': ...}}, a callable or a HyperParameterSchedule")
 
 
-# ----------------------------------------------------------------------- update schedules
-class UpdateSchedule(ABC):
-    """Which steps change masks: ``is_update_step(step) -> bool tensor``."""
-
-    @abstractmethod
-    def is_update_step(self, step: torch.Tensor) -> torch.Tensor:
-        """True on update steps."""
-
-    def __call__(self, step: torch.Tensor) -> torch.Tensor:
-        return torch.as_tensor(self.is_update_step(step), dtype=torch.bool)
-
-
-class FreqSchedule(UpdateSchedule):
-    """Every ``freq`` steps from ``start``, before ``stop`` (exclusive)."""
-
-    def __init__(self, freq: int = 1, start: int = 0, stop: int | None = None) -> None:
-        for field, value in (("freq", freq), ("start", start)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if field == "freq" else 0):
-                raise ValueError(f"update.{field} must be an int >= {1 if field == 'freq' else 0}, got {value!r}")
-        self.freq, self.start, self.stop = freq, start, stop
-
-    def is_update_step(self, step: torch.Tensor) -> torch.Tensor:
-        step = torch.as_tensor(step)
-        result = ((step - self.start) % self.freq == 0) & (step >= self.start)
-        if self.stop is not None:
-            result &= step < self.stop
-        return result
-
-
-class ListSchedule(UpdateSchedule):
-    """Exactly the steps listed."""
-
-    def __init__(self, steps: Sequence[int]) -> None:
-        self.steps = tuple(int(s) for s in steps)
-        if not self.steps:
-            raise ValueError("update.steps must list at least one step")
-        self.start, self.stop = min(self.steps), max(self.steps)
-
-    def is_update_step(self, step: torch.Tensor) -> torch.Tensor:
-        return torch.tensor(int(step) in self.steps)
-
-
-def make_update_schedule(update: Any) -> UpdateSchedule | Callable[[torch.Tensor], torch.Tensor]:
-    """``None`` → every step; ``{"freq", "start", "stop"}``; ``{"steps": [...]}``; an
-    UpdateSchedule or a callable ``step -> bool tensor`` as is."""
-    if update is None:
-        return FreqSchedule()
-    if isinstance(update, UpdateSchedule):
-        return update
-    if isinstance(update, dict):
-        options = dict(update)
-        if "steps" in options:
-            return ListSchedule(options.pop("steps"))
-        unknown = set(options) - {"freq", "start", "stop"}
-        if unknown:
-            raise ValueError(f"update: unknown keys {sorted(unknown)}; use freq/start/stop or steps")
-        return FreqSchedule(**options)
-    if callable(update):
-        return update
-    raise ValueError(f"update must be None, {{'freq', 'start', 'stop'}}, {{'steps': [...]}} or a "
-                     f"callable, got {update!r}")
-
-
-# ------------------------------------------------------------------ shapers and tie-breaks
-Unshaper = Callable[[torch.Tensor], torch.Tensor]
-
-
-class ScoreShaper(ABC):
-    """``shaper(tensor) -> (rows, unshape)``: top-k and counts are per row. Any callable with
-    this contract works where a shaper is expected."""
-
-    @abstractmethod
-    def __call__(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Unshaper]:
-        """The tensor as ``[rows, row_len]`` and the function that undoes it."""
-
-
-class ScoreFlattener(ScoreShaper):
-    """One row: a single competition over the whole tensor."""
-
-    def __call__(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Unshaper]:
-        return tensor.reshape(-1), lambda rows: rows.reshape(tensor.shape)
-
-
-class OutputGroupScoreShaper(ScoreShaper):
-    """``num_groups`` rows of consecutive output rows (equal density per output block)."""
-
-    def __init__(self, num_groups: int) -> None:
-        self.num_groups = num_groups
-
-    def __call__(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Unshaper]:
-        return tensor.reshape(self.num_groups, -1), lambda rows: rows.reshape(tensor.shape)
-
-
-class InputGroupScoreShaper(ScoreShaper):
-    """``num_groups`` rows of consecutive input columns of a 2-D weight."""
-
-    def __init__(self, num_groups: int) -> None:
-        self.num_groups = num_groups
-
-    def __call__(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Unshaper]:
-        out_features, in_features = tensor.shape
-        rows = tensor.t().reshape(self.num_groups, -1)
-        return rows, lambda shaped: shaped.reshape(in_features, out_features).t().contiguous()
-
-
+# ------------------------------------------------------------------------- tie-breaks (2.0)
 class ScoreTiebreaker:
     """cstorch 2.0's tie-break protocol: ``tiebreaker(score) -> score`` with ties separated.
     The base adds nothing (``torch.topk`` order decides)."""
@@ -387,53 +226,3 @@ def make_tiebreaker(tiebreak: Any) -> Callable[[torch.Tensor], torch.Tensor] | N
             raise ValueError(f"tiebreak.type must be one of {sorted(kinds)}, got {kind!r}")
         return kinds[kind](**options) if kind != "none" else ScoreTiebreaker()
     raise ValueError(f"tiebreak must be a dict or a callable, got {tiebreak!r}")
-
-
-def _shape(score: torch.Tensor, score_shaper: Callable | None) -> tuple[torch.Tensor, Unshaper]:
-    shaped = (score_shaper or ScoreFlattener())(score)
-    if not (isinstance(shaped, tuple) and len(shaped) == 2 and callable(shaped[1])):
-        raise TypeError(f"score_shaper must return (tensor, unshaper), got {type(shaped).__name__}")
-    return shaped
-
-
-# --------------------------------------------------------------------------- mask algebra
-def _dense_count(density: torch.Tensor, row_len: int) -> torch.Tensor:
-    """cstorch's count: ``trunc(float32(density) * row_len)``."""
-    return (torch.as_tensor(density, dtype=torch.float32) * torch.tensor(row_len, dtype=torch.float32)).int()
-
-
-def _topk_k(score: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Per row (last dim), True at the ``k`` largest scores (``torch.topk`` order on ties)."""
-    _, indices = torch.topk(score, int(k), dim=-1)
-    return torch.zeros_like(score, dtype=torch.bool).scatter(-1, indices, True)
-
-
-def make_mask_topk_sparsity(score: torch.Tensor, sparsity: Any,
-                            score_shaper: Callable | None = None) -> torch.Tensor:
-    """Keeps the top ``trunc(f32(1 - sparsity) * row_len)`` scores of each shaper row."""
-    rows, unshape = _shape(score, score_shaper)
-    return unshape(_topk_k(rows, _dense_count(1 - torch.as_tensor(sparsity), rows.size(-1))))
-
-
-def make_mask_drop_minimum(score: torch.Tensor, mask: torch.Tensor, drop_fraction: Any,
-                           score_shaper: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drops ``drop_fraction`` of the active count by lowest score; returns (mask, kept per row).
-    As in cstorch the kept positions are the top scores over the whole row (pruned positions
-    score |w| = 0, so they only win ties), and the count spreads ``mask.sum()`` evenly over rows."""
-    rows, unshape = _shape(score, score_shaper)
-    groups = math.prod(rows.shape[:-1])
-    active_per_row = mask.sum().float() / groups
-    kept = ((1 - torch.as_tensor(drop_fraction)) * active_per_row).int()
-    return unshape(_topk_k(rows, kept)), kept
-
-
-def make_mask_grow_maximum(score: torch.Tensor, mask: torch.Tensor, sparsity: Any,
-                           mask_nonzero: torch.Tensor | None = None,
-                           score_shaper: Callable | None = None) -> torch.Tensor:
-    """Adds, per row, the top-scoring positions outside ``mask`` until the row holds
-    ``trunc(f32(1 - sparsity) * row_len)`` (never removes any)."""
-    rows, unshape = _shape(torch.where(mask, float("-inf"), score), score_shaper)
-    target = _dense_count(1 - torch.as_tensor(sparsity), rows.size(-1))
-    current = mask.sum().int() if mask_nonzero is None else torch.as_tensor(mask_nonzero)
-    grow = torch.clamp(target - current, min=0)
-    return mask.logical_or(unshape(_topk_k(rows, grow)))

@@ -2,8 +2,10 @@
 table), recorded so the suite checks each difference is exactly the documented one: a
 step-varying ``drop_fraction``, a Cycling schedule's state across ``load_state_dict``, a
 checkpoint mask loaded under another configured level, masks loaded through a submodule's
-``load_state_dict``, and ``amp.init()``'s float16 matmuls on the CPU (last: it patches the
-process). ``record`` is provided by the harness."""
+``load_state_dict``, ``amp.init()``'s float16 matmuls on the CPU (it patches the process, so
+after the others), the learning rate of the step after a skipped one, a scheduler stepped after
+a scaled step, the state kept by the optimizers PyTorch computes, and a Muon step. ``record``
+is provided by the harness."""
 
 import warnings
 
@@ -87,3 +89,51 @@ record("submodule_masks_kept", bool(torch.equal(target[0].weight_mask, first_lay
 cstorch.amp.init()
 layer = model_of(7)[0]
 record("linear_dtype_after_amp_init", str(layer(torch.randn(8, 10)).dtype))
+
+# 6. the learning rate each step uses around a step the GradScaler skips (the second of five),
+# the scheduler stepped from an optimizer step hook: the one place the reference (off a CS
+# system) lets a scheduler step once a dynamic GradScaler holds the optimizer (7. below)
+model = model_of(8)
+optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+scheduler = cstorch.optim.lr_scheduler.LinearLR(optimizer, initial_learning_rate=0.1, end_learning_rate=0.0,
+                                                total_iters=10)
+scaler = cstorch.amp.GradScaler(loss_scale="dynamic", init_scale=1.0, min_loss_scale=1.0, max_loss_scale=1.0)
+optimizer.register_step_post_hook(lambda opt, args, kwargs: scheduler.step())
+for step in range(5):
+    record("lr_used", float(optimizer.param_groups[0]["lr"]))
+    generator = torch.Generator().manual_seed(step)
+    loss = torch.nn.functional.mse_loss(model(torch.randn(8, 10, generator=generator)),
+                                        torch.randn(8, 4, generator=generator))
+    cstorch.amp.optimizer_step(loss * float("inf") if step == 1 else loss, optimizer, scaler)
+    record("last_epoch", int(scheduler.last_epoch))
+
+# 7. scheduler.step() after the scaled step, as a training loop writes it
+model = model_of(9)
+optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+scheduler = cstorch.optim.lr_scheduler.LinearLR(optimizer, initial_learning_rate=0.1, end_learning_rate=0.0,
+                                                total_iters=10)
+scaler = cstorch.amp.GradScaler(loss_scale="dynamic", init_scale=1.0, min_loss_scale=1.0, max_loss_scale=1.0)
+cstorch.amp.optimizer_step(model(torch.randn(8, 10)).square().mean(), optimizer, scaler)
+try:
+    scheduler.step()
+    record("scheduler_step_after_scaled_step", "ok")
+except RuntimeError as error:
+    record("scheduler_step_after_scaled_step", type(error).__name__)
+
+# 8. the state Adadelta, RMSprop and Rprop keep (PyTorch's arithmetic here) after a step
+for name in ("Adadelta", "RMSprop", "Rprop"):
+    layer = model_of(10)[0]
+    optimizer = getattr(cstorch.optim, name)(layer.parameters())
+    layer(torch.randn(8, 10)).square().mean().backward()
+    optimizer.step()
+    record(f"state_keys/{name}", sorted(optimizer.state[layer.weight]))
+
+# 9. a Muon step (on matrices, as Muon is meant for)
+layer = torch.nn.Linear(10, 6, bias=False)
+optimizer = cstorch.optim.Muon(layer.parameters())
+layer(torch.randn(8, 10)).square().mean().backward()
+try:
+    optimizer.step()
+    record("muon_step", "ok")
+except TypeError as error:
+    record("muon_step", type(error).__name__)

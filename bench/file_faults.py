@@ -2,7 +2,7 @@
 state each reaches, how long it takes, what is lost.
 
 One process, a fresh SQLite database, the service app through its test client. Jobs run
-`workers.train.train` itself in the scheduler's job thread (no Ray: these faults are about
+`training.loop.train` itself in the scheduler's job thread (no Ray: these faults are about
 files, bench/recovery.py kills processes). A tiny RigL spec, 6 steps, a checkpoint every 2.
 
 1. disk full: from step 6 every write to the job's folder fails with a real ENOSPC (the
@@ -60,7 +60,7 @@ class InProcessHandle:
         self.spec, self.kwargs = spec, kwargs
 
     def wait(self) -> dict[str, Any]:
-        from workers.train import train
+        from training.loop import train
 
         return train(self.spec, model_dir=self.kwargs["model_dir"], mode=self.kwargs["mode"],
                      progress=self.kwargs["progress"])
@@ -73,7 +73,7 @@ class InProcessHandle:
 def disk_full(checkpoint_step: int) -> Iterator[None]:
     """Checkpoint `checkpoint_step` is written to /dev/full (a real ENOSPC from the kernel),
     and meanwhile no job log can be opened (ENOSPC)."""
-    import workers.checkpoint as ckpt
+    import training.checkpoint as ckpt
     from service import joblogs
 
     real_mkstemp, real_open_log = tempfile.mkstemp, joblogs._open_for_append
@@ -126,8 +126,8 @@ def run_faults() -> tuple[list[dict[str, Any]], bool]:
 
     from service.main import create_app
     from service.settings import Settings
-    from workers import checkpoint as ckpt
-    from workers.text import load_splits
+    from training import checkpoint as ckpt
+    from training.text import load_splits
 
     torch.set_num_threads(1)
     logging.getLogger("service.joblogs").setLevel(logging.ERROR)  # the full disk's, expected

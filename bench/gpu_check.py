@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from csx_config import JobSpec  # noqa: E402  (after the repo is importable)
-from workers.train import train  # noqa: E402
+from training.loop import train  # noqa: E402
 
 MASK_SPEC = """
 train_input: {batch_size: 8, max_sequence_length: 32}

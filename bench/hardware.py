@@ -99,7 +99,7 @@ def timed_job(spec: JobSpec, num_csx: int, folder: Path) -> dict[str, Any]:
 
 def in_process_first_step(spec: JobSpec, folder: Path) -> float:
     """Submit -> first step of the loop in this process (the old `csx run --num_csx 1`)."""
-    from workers.train import train
+    from training.loop import train
 
     first: list[float] = []
     started = time.perf_counter()

@@ -146,7 +146,7 @@ def csx_worker_pids(server: ServerProcess) -> list[int]:
 
 
 def checkpoint(runs_dir: Path, job_id: int, step: int) -> dict[str, Any]:
-    from workers.checkpoint import checkpoint_path, load_checkpoint
+    from training.checkpoint import checkpoint_path, load_checkpoint
 
     (folder,) = runs_dir.glob(f"job-{job_id}-*")
     return load_checkpoint(checkpoint_path(folder / "model", step))

@@ -5,7 +5,7 @@ Every row trains the reference study's model and data (`tiny` Llama, byte tokeni
 clip 1.0, 80% sparsity) with the same small loop below, so rows differ only in what the row
 names: the sparsity section (algorithm, update period, drop fraction, distribution, grow_init),
 what AdamW holds for a regrown weight, model size and steps. The loop is the study's
-(`workers/train.py`) without its CSR kernels, checkpoints and tracking: the same update up
+(`training/loop.py`) without its CSR kernels, checkpoints and tracking: the same update up
 to float rounding, about twice as fast on one thread.
 
 Which sparsity code runs is chosen per invocation (`--sparsity-root`, a directory holding the
@@ -222,8 +222,8 @@ def run_one(name: str, seed: int) -> dict[str, Any]:
     import torch
 
     import sparsity
-    from workers.text import BatchSampler, encode_documents, eval_batches, load_splits, make_tokenizer
-    from workers.model import build_model, preset_config
+    from training.text import BatchSampler, encode_documents, eval_batches, load_splits, make_tokenizer
+    from models.transformer import build_model, preset_config
 
     torch.set_num_threads(1)
     cfg = row_settings(name)

@@ -1,4 +1,4 @@
-"""`csx serve | token | submit | study`: registered into workers/cli.py's parser lazily.
+"""`csx serve | token | submit | study`: registered into csx/cli.py's parser lazily.
 
     csx serve [--host 127.0.0.1] [--port 8000] [--dev-token] [--paused] [--no-mlflow-ui]
     csx token create --name N [--admin]              # prints the secret once

@@ -59,7 +59,7 @@ def full_size_layers(params: dict[str, Any]) -> tuple[list[Any], int, str]:
     """(dense layers, tokens per step, description) of the model `params` describes, from its
     plan (built on the meta device: any size, no memory); attention scores included."""
     from simulator.cost_model import LayerShape, attended_keys
-    from workers.plan import validate_plan
+    from training.report import validate_plan
     from csx_config import JobSpec
 
     plan = validate_plan(JobSpec.model_validate({**params, "sparsity": None}), 1)

@@ -16,7 +16,7 @@ from service.preflight import Problem, check_params
 from service.schemas import JobDetail, JobPublic, RunOptions
 from service.settings import Settings
 from csx_config import JobSpec
-from workers import memory
+from training import memory
 from workers.hardware import ClusterSummary
 
 

@@ -469,7 +469,7 @@ class Scheduler:
                 if too_big:
                     raise ValueError(f"invalid job: {too_big[0][1]}")
                 try:
-                    from workers.plan import validate_plan
+                    from training.report import validate_plan
 
                     job.plan = json.loads(json.dumps(validate_plan(spec, job.num_csx),
                                                      default=str))
@@ -541,7 +541,7 @@ class Scheduler:
         event = json.loads(json.dumps(event, default=str))
         joblogs.append(execution.folder, json.dumps(event))
 
-        if event.get("event") == "checkpoint_skipped":  # workers.train.SKIPPED_CHECKPOINT
+        if event.get("event") == "checkpoint_skipped":  # training.loop.SKIPPED_CHECKPOINT
             return  # a warning for the job's log (written above), not progress
 
         def apply(session: Session, job: Job) -> None:

@@ -124,7 +124,7 @@ def test_a_copied_store_opens_with_the_readme_line_after_the_original_is_gone(tm
         mlflow_ui_argv,
         wait_until_up,
     )
-    from workers.tracking import Tracker
+    from tracking.tracker import Tracker
 
     env = reader_environment({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     original = tmp_path / "first" / ".csx"

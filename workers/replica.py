@@ -93,10 +93,10 @@ class CsxWorker:
     def train(self, spec: Any, *, model_dir: str, mode: str, tracker_args: dict | None,
               relay: Any, train_fn: Callable[..., dict] | None) -> dict[str, Any]:
         """Run the loop on this rank; rank 0 also logs to MLflow and reports progress."""
-        from workers.tracking import Tracker
+        from tracking.tracker import Tracker
 
         if train_fn is None:
-            from workers.train import train as train_fn
+            from training.loop import train as train_fn
         tracker = Tracker(**tracker_args) if tracker_args is not None else None
         progress = (lambda event: ray.get(relay.put.remote(event))) if relay is not None else None
         started = time.perf_counter()

@@ -5,7 +5,7 @@ The driver (`start_job` / `run_job`) creates the MLflow run, reserves a placemen
 `num_csx` bundles (each system's CPUs, GPUs and one `csx`: workers/hardware.py; PACK or SPREAD
 as `runconfig.placement_strategy` says), starts one actor per bundle, lets rank 0 pick a
 rendezvous port, forms a process group among them and has every actor call the same loop,
-`workers.train.train`, with an `all_reduce` that averages gradients over the group (flattened
+`training.loop.train`, with an `all_reduce` that averages gradients over the group (flattened
 into one buffer per dtype: one collective per step, not one per tensor). Only rank 0 gets a
 `Tracker` and reports progress.
 
@@ -45,9 +45,9 @@ from workers.hardware import (
 )
 from workers.progress import ProgressRelay
 from csx_config import JobSpec
-from workers.tracking import end_run, open_run, resolve_tracking_uri
+from tracking.tracker import end_run, open_run, resolve_tracking_uri
 from workers.replica import CsxWorker
-from workers.train import MaskDivergence
+from training.loop import MaskDivergence
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: st
     """Validate, create (or reuse) the MLflow run, connect to Ray and start the first attempt's
     bookkeeping; the returned handle runs the job in `wait()`.
 
-    `train_fn` is the per-rank loop with `workers.train.train`'s signature (the default).
+    `train_fn` is the per-rank loop with `training.loop.train`'s signature (the default).
     `run_name` and `tags` name and tag a newly created run (see `open_run`).
     """
     if not isinstance(spec, JobSpec):

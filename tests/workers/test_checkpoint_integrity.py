@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from csx_config import JobSpec
-from workers import checkpoint as ckpt
-from workers.train import SKIPPED_CHECKPOINT, train
+from training import checkpoint as ckpt
+from training.loop import SKIPPED_CHECKPOINT, train
 from workers_helpers import same_state
 
 torch.set_num_threads(1)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from csx_config import JobSpec
-from workers.text import load_splits
-from workers.hdf5 import h5_files
-from workers.data import TOKENIZER_FILE, load_tokenizer
-from workers.safe_files import RefusedFile
+from training.text import load_splits
+from training.hdf5 import h5_files
+from training.data import TOKENIZER_FILE, load_tokenizer
+from training.safe_files import RefusedFile
 from workers_helpers import memory_headroom
 
 DEADLINE_S = 60  # far beyond a refusal's milliseconds; the old code blocked until the job timeout

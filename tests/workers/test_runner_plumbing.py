@@ -29,7 +29,7 @@ UPDATE_EVERY = 5
 
 def linear_train(spec, *, model_dir, mode, rank, world_size, all_reduce, tracker, progress,
                  device):
-    """The contract of workers.train.train on a least-squares model: each rank takes its slice
+    """The contract of training.loop.train on a least-squares model: each rank takes its slice
     of the same seeded global batch, gradients are averaged, a top-k "mask" is recomputed every
     UPDATE_EVERY steps, rank 0 checkpoints, and a restart resumes from the newest checkpoint."""
     del mode, device

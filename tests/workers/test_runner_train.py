@@ -1,4 +1,4 @@
-"""The runner with the real loop (workers.train): 1, 2 and 4 simulated systems train the same
+"""The runner with the real loop (training.loop): 1, 2 and 4 simulated systems train the same
 model, a killed worker is replaced and the run resumes exactly, rank 0 logs to MLflow."""
 
 from __future__ import annotations

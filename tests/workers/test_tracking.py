@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from mlflow import MlflowClient
 from PIL import Image
 
-from workers.plots import (
+from tracking.plots import (
     HeatmapWriter,
     axes_hold_data,
     block_density,
@@ -25,7 +25,7 @@ from workers.plots import (
     save_figure,
     tradeoff_figure,
 )
-from workers.tracking import (
+from tracking.tracker import (
     LAYER_NAMES_FILE,
     PARENT_RUN_TAG,
     Tracker,
@@ -248,8 +248,8 @@ def test_lr_schedule_is_one_line_per_phase_without_unset_keys():
 
 def test_job_params_hold_the_model_as_built():
     """A preset fills the sizes the file leaves out; the params say what was built."""
-    from workers.build import model_config
-    from workers.data import planned_shapes
+    from training.build import model_config
+    from training.data import planned_shapes
     from csx_config import JobSpec
 
     spec = JobSpec.from_yaml("model: {preset: mini, num_hidden_layers: 3}\n"
@@ -276,7 +276,7 @@ def test_one_and_two_system_runs_are_recorded_alike(tmp_path, monkeypatch, capsy
     keys, `csx.num_csx` and `num_csx` saying which, and each run named after its file."""
     import json
 
-    from workers import cli
+    from csx import cli
 
     store = tmp_path / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")

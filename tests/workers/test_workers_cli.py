@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from workers import cli
-from workers.checkpoint import load_checkpoint
-from workers.build import model_config
-from workers.model import build_model
-from workers.plan import validate_plan
+from csx import cli
+from training.checkpoint import load_checkpoint
+from training.build import model_config
+from models.transformer import build_model
+from training.report import validate_plan
 from csx_config import JobSpec
 
 torch.set_num_threads(1)

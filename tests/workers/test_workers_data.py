@@ -4,7 +4,7 @@ import sys
 import pytest
 import torch
 
-from workers.text import (BatchSampler, ByteTokenizer, encode_documents, eval_batches, load_splits,
+from training.text import (BatchSampler, ByteTokenizer, encode_documents, eval_batches, load_splits,
                           make_tokenizer, strip_gutenberg, tokenizer_from_json)
 
 

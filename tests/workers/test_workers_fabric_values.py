@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from csx_config import JobSpec
-from workers.checkpoint import load_checkpoint
-from workers.train import train
+from training.checkpoint import load_checkpoint
+from training.loop import train
 
 SPEC = """
 train_input: {batch_size: 8, max_sequence_length: 32}

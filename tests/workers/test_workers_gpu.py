@@ -2,7 +2,7 @@
 and masks, the fabric runs masked dense, the precision keys apply (bf16 autocast; fp16 with
 loss scaling, checkpointed and resumed). Run by `make gpu-check`; skipped without a GPU.
 
-The loop alone, no Ray: `workers.train` imports with torch (and the repo) only.
+The loop alone, no Ray: `training.loop` imports with torch (and the repo) only.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from csx_config import JobSpec
-from workers.checkpoint import checkpoint_path, load_checkpoint
-from workers.train import CALIBRATION_FILE, train
+from training.checkpoint import checkpoint_path, load_checkpoint
+from training.loop import CALIBRATION_FILE, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device: the GPU tests run in `make gpu-check`")

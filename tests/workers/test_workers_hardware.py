@@ -1,5 +1,5 @@
 """Each simulated system's hardware from the Ray cluster's nodes (workers/hardware.py), the
-precision keys on CPU and CUDA (workers/precision.py), and the service's capacity reader."""
+precision keys on CPU and CUDA (training/precision.py), and the service's capacity reader."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from workers.hardware import (
     systems_that_fit,
     usable_cores,
 )
-from workers.precision import resolve_precision
+from training.precision import resolve_precision
 
 TWO_CORES = [Node("10.0.0.1", systems=2, cpus=2, gpus=0, memory_bytes=8 * 2**30)]
 
@@ -205,7 +205,7 @@ def test_csx_serve_says_what_cluster_it_found_without_a_ray_address(monkeypatch)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
 def test_training_on_cuda_without_a_cuda_device_is_refused(tmp_path):
     from csx_config import JobSpec
-    from workers.train import train
+    from training.loop import train
 
     with pytest.raises(ValueError, match="device 'cuda': torch sees no CUDA device"):
         train(JobSpec.from_yaml("model: {preset: tiny}"), model_dir=str(tmp_path), device="cuda")
@@ -215,10 +215,10 @@ def test_the_loop_autocasts_and_scales_the_loss_as_its_precision_says(tmp_path, 
     """The CUDA precision path, run on CPU (bf16 autocast and a GradScaler both exist there):
     the scaler's state is checkpointed and a resume picks it up."""
     from csx_config import JobSpec
-    from workers import build
-    from workers import train as loop
-    from workers.checkpoint import checkpoint_path, load_checkpoint
-    from workers.precision import Precision
+    from training import build
+    from training import loop
+    from training.checkpoint import checkpoint_path, load_checkpoint
+    from training.precision import Precision
 
     scaled = Precision(torch.bfloat16, "dynamic", 256.0, 3, applied="bf16 + scaler (test)")
     monkeypatch.setattr(build, "resolve_precision", lambda *_: scaled)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from workers import cli
-from workers.text import strip_gutenberg
-from workers.hdf5 import HDF5BatchSampler, HDF5EvalBatches, HDF5Samples
-from workers.data import check_data, load_data
+from csx import cli
+from training.text import strip_gutenberg
+from training.hdf5 import HDF5BatchSampler, HDF5EvalBatches, HDF5Samples
+from training.data import check_data, load_data
 from csx_config import JobSpec
 from workers_helpers import preprocess_texts
 
@@ -40,7 +40,7 @@ def test_preprocess_writes_modelzoos_layout(corpus):
 
 
 def test_preprocess_with_a_local_bpe_vocabulary(tmp_path):
-    from workers.text import BPETokenizer
+    from training.text import BPETokenizer
 
     vocab = tmp_path / "tokenizer.json"
     vocab.write_text(BPETokenizer.train([TEXT], 300)._tokenizer.to_str())
@@ -56,7 +56,7 @@ def test_preprocess_with_a_local_bpe_vocabulary(tmp_path):
 
 
 def test_text_data_with_a_bpe_from_a_local_vocabulary_file(tmp_path):
-    from workers.text import BPETokenizer
+    from training.text import BPETokenizer
 
     vocab = tmp_path / "tokenizer.json"
     vocab.write_text(BPETokenizer.train([TEXT], 300)._tokenizer.to_str())

@@ -8,7 +8,7 @@ from typing import get_args
 import pytest
 import torch
 
-from workers.model import ModelConfig, apply_rope, build_model, preset_config, rope_tables
+from models.transformer import ModelConfig, apply_rope, build_model, preset_config, rope_tables
 from csx_config import PRESETS, PresetName
 
 torch.set_num_threads(1)

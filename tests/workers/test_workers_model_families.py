@@ -20,11 +20,11 @@ from csx_config import JobSpec, format_problems
 from csx_config.keys import HINTS, same_spelling, unknown_key_message
 from csx_config.sections import ModelSpec
 from test_workers_model_features import GPT, LLAMA, band, reference_attention, tokens
-from workers import cli
-from workers.build import model_config
-from workers.data import planned_shapes
-from workers.model import build_model, load_balancing_loss, variance_scaling_, visible_keys
-from workers.plan import plan_table, validate_plan
+from csx import cli
+from training.build import model_config
+from training.data import planned_shapes
+from models.transformer import build_model, load_balancing_loss, variance_scaling_, visible_keys
+from training.report import plan_table, validate_plan
 
 torch.set_num_threads(1)
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "modelzoo_corpus"
@@ -380,7 +380,7 @@ def test_plan_and_training_project_the_cs2_step_of_the_experts_each_token_visits
     compute-bound, so counting all the tokens would cost a third more."""
     from service.full_size import full_size_layers
     from simulator.cost_model import WaferScaleCluster
-    from workers.perf import project
+    from training.perf import project
 
     tokens, seq, width = 2 ** 22, 16, 64
     params = {"model": {"preset": "tiny", "moe": {"num_experts": 4, "top_k": 2}},

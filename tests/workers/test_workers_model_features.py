@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.build import model_config
-from workers.model import (
+from training.build import model_config
+from models.transformer import (
     ModelConfig,
     alibi_slopes,
     build_model,
@@ -21,7 +21,7 @@ from workers.model import (
     rope_tables,
     visible_keys,
 )
-from workers.plan import plan_table, validate_plan
+from training.report import plan_table, validate_plan
 from csx_config import JobSpec
 
 torch.set_num_threads(1)
@@ -272,7 +272,7 @@ def test_mup_initializers_and_logit_scale_reproduce_the_published_explicit_value
 
 
 def test_mup_learning_rates_are_divided_by_the_width_multipliers():
-    from workers.build import lr_lambda, make_optimizer
+    from training.build import lr_lambda, make_optimizer
     from csx_config import OptimizerSpec
 
     config = replace(GPT, nonlinearity="swiglu", mup_base_hidden_size=8, mup_base_filter_size=16)  # x4, x3
@@ -297,7 +297,7 @@ def test_mup_learning_rates_are_divided_by_the_width_multipliers():
 
 
 def test_the_1x_adjust_learning_rate_scales_every_decoder_kernel():
-    from workers.build import make_optimizer
+    from training.build import make_optimizer
     from csx_config import OptimizerSpec
 
     model = build_model(replace(GPT, nonlinearity="swiglu"), seed=0)
@@ -314,8 +314,8 @@ def test_the_1x_adjust_learning_rate_scales_every_decoder_kernel():
 
 def test_the_files_adjust_learning_rate_reaches_the_training_optimizer(tmp_path):
     from csx_config import LR_ADJUSTMENT_GROUPS as NAMED_IN_THE_SCHEMA
-    from workers.model import LR_ADJUSTMENT_GROUPS
-    from workers.build import build_run
+    from models.transformer import LR_ADJUSTMENT_GROUPS
+    from training.build import build_run
 
     assert tuple(LR_ADJUSTMENT_GROUPS) == NAMED_IN_THE_SCHEMA
     spec = JobSpec.from_yaml("model: {preset: tiny}\ntrain_input: {batch_size: 2, max_sequence_length: 16}\n"
@@ -537,7 +537,7 @@ FAMILY_PROXIES = {
 
 @pytest.mark.parametrize("family", FAMILY_PROXIES)
 def test_family_proxies_fit_a_batch(family):
-    from workers.build import lr_lambda, make_optimizer
+    from training.build import lr_lambda, make_optimizer
     from csx_config import OptimizerSpec
 
     model = build_model(FAMILY_PROXIES[family], seed=0)
@@ -568,7 +568,7 @@ def test_embedding_layer_norm_normalises_what_the_blocks_see():
 def test_checkpoints_written_before_the_new_model_keys_still_load(tmp_path):
     from dataclasses import asdict
 
-    from workers.checkpoint import load_model_state
+    from training.checkpoint import load_model_state
 
     model = build_model(LLAMA, seed=0)
     current = asdict(LLAMA)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workers import cli
-from workers.plan import validate_plan
+from csx import cli
+from training.report import validate_plan
 from csx_config import JobSpec
 
 MODELZOO = Path(__file__).resolve().parents[2] / "examples" / "modelzoo"
@@ -22,7 +22,7 @@ FILES = sorted(p.name for p in MODELZOO.glob("*.yaml"))
 
 def modelzoo_weight_names(model: dict) -> list[str]:
     """The matrix names ModelZoo's GPT2LMHeadModel has for these model keys, written out here
-    independently of workers.model."""
+    independently of models.transformer."""
     names = ["embedding_layer.word_embeddings.weight"]
     if model.get("position_embedding_type", "learned") == "learned":
         names.append("embedding_layer.position_embeddings.weight")
@@ -78,7 +78,7 @@ def test_7b_validates_under_1_gb_of_memory():
     # VmHWM is the peak RSS of this process's own address space. ru_maxrss is not: Linux folds
     # the parent's high-water mark into it at exec, so under a large pytest process it reports
     # the parent's size.
-    code = ("from workers import cli; "
+    code = ("from csx import cli; "
             f"rc = cli.main(['run', '--params', {str(MODELZOO / 'params_llama2_7b_rigl80.yaml')!r}, "
             "'--num_csx', '16', '--validate_only']); "
             "status = open('/proc/self/status').read(); "

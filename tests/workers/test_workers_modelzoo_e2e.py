@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from workers import cli
+from csx import cli
 from workers_helpers import preprocess_texts
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]

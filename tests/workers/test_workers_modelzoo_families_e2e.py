@@ -16,11 +16,11 @@ import torch
 from mlflow import MlflowClient
 
 from csx_config import JobSpec
-from workers import cli
-from workers.checkpoint import checkpoint_path, load_checkpoint
-from workers.build import build_sparse_model
-from workers.model import ModelConfig
-from workers.plan import validate_plan
+from csx import cli
+from training.checkpoint import checkpoint_path, load_checkpoint
+from training.build import build_sparse_model
+from models.transformer import ModelConfig
+from training.report import validate_plan
 from workers.runner import run_job
 from workers_helpers import preprocess_texts
 
@@ -173,11 +173,11 @@ MASKS_MOVE = {"gpt-neox-untied-norms-set", "mpt-biasless-layernorm-set", "santac
 
 
 def train_families_in_turn(specs: dict[str, JobSpec]):
-    """A per-rank loop for the runner: the real loop (workers.train.train) on each family's
+    """A per-rank loop for the runner: the real loop (training.loop.train) on each family's
     spec in turn, in one group of 2 actors. Each rank writes what its replica ended with
     (mask hashes at every update, final density per layer) to rank<r>.json."""
     def train_each(spec, *, model_dir, rank, **loop_args):
-        from workers.train import train
+        from training.loop import train
 
         del spec  # the runner's spec only sized the group; each family brings its own
         ended = {}

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import sparsity
-from workers import cli
-from workers.checkpoint import checkpoint_path, load_checkpoint
+from csx import cli
+from training.checkpoint import checkpoint_path, load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # `csx run` trains on the session's Ray
 BASE = """

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from workers.build import loop_settings
-from workers.checkpoint import list_checkpoints, load_checkpoint
+from training.build import loop_settings
+from training.checkpoint import list_checkpoints, load_checkpoint
 from csx_config import JobSpec
-from workers.train import AFTER_WARMUP, _MetricLog, _record_eval, train
+from training.loop import AFTER_WARMUP, _MetricLog, _record_eval, train
 from workers_helpers import same_state
 
 torch.set_num_threads(1)  # the fresh process below uses one thread too: same float reductions
@@ -115,7 +115,7 @@ def test_resume_in_fresh_process_is_bit_identical(reference, tmp_path):
         import json, sys, torch
         torch.set_num_threads(1)
         from csx_config import JobSpec
-        from workers.train import train
+        from training.loop import train
         summary = train(JobSpec.from_yaml(sys.stdin.read()), model_dir={str(resumed_dir)!r}, mode="train")
         print(json.dumps({{"losses": summary["train_losses"], "hashes": summary["mask_hashes"]}}))
     """)
@@ -201,7 +201,7 @@ def test_dense_run_without_sparsity(tmp_path):
 
 
 def test_replica_mask_check_fails_fast_on_the_first_diverging_update():
-    from workers.train import MaskDivergence, _check_replicas_agree
+    from training.loop import MaskDivergence, _check_replicas_agree
 
     digest = "ab" * 32
     _check_replicas_agree(5, digest, lambda tensors: None)  # one rank: agrees with itself
@@ -217,7 +217,7 @@ def test_replica_mask_check_fails_fast_on_the_first_diverging_update():
 def test_optimizer_uses_the_fused_cpu_kernel_unless_the_class_has_none():
     """Fused Adam(W) is what bench/masked_overhead.py measures at <= 1.05x of dense; the
     default foreach path is slow on the exact zeros of a masked second moment."""
-    from workers.build import make_optimizer
+    from training.build import make_optimizer
     from csx_config import OptimizerSpec
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
@@ -244,8 +244,8 @@ def test_a_moe_run_shows_router_load_and_each_experts_sparsity_in_mlflow(tmp_pat
     matrices together."""
     from mlflow import MlflowClient
 
-    from workers.model import Transformer
-    from workers.tracking import Tracker
+    from models.transformer import Transformer
+    from tracking.tracker import Tracker
 
     loads, rank0 = [], []  # the tensors router_load returned, and their values on rank 0
     router_load = Transformer.router_load
@@ -283,9 +283,9 @@ def test_a_moe_run_shows_router_load_and_each_experts_sparsity_in_mlflow(tmp_pat
 
 
 def test_the_loop_imports_neither_ray_nor_mlflow():
-    """workers.train runs where only torch is installed (issue 31): building a run and the loop
+    """training.loop runs where only torch is installed (issue 31): building a run and the loop
     import neither Ray nor MLflow."""
-    code = ("import sys, workers.train; "
+    code = ("import sys, training.loop; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'mlflow'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

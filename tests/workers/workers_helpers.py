@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from workers import cli
+from csx import cli
 
 
 @contextmanager

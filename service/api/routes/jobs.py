@@ -121,7 +121,7 @@ def validate_job(parsed: ParsedJob, user: CurrentUser) -> ValidationPublic:
     """The --validate_only plan for a submission, without queueing it (loads torch)."""
     _, job_in, _ = parsed
     num_csx = resolve_num_csx(job_in, job_in.params)
-    from workers.plan import validate_plan
+    from training.report import validate_plan
 
     try:
         plan = validate_plan(job_in.params, num_csx)

@@ -23,8 +23,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
-from workers.safe_files import RefusedFile, regular_file
-from workers.text import rank_slice
+from training.safe_files import RefusedFile, regular_file
+from training.text import rank_slice
 
 DATASET = "data"
 PARAMS_FILE = "data_params.json"
@@ -105,7 +105,7 @@ class HDF5Samples:
 
 class HDF5BatchSampler:
     """Global batch ``position`` → this rank's (inputs, labels); same interface as
-    ``workers.text.BatchSampler``."""
+    ``training.text.BatchSampler``."""
 
     def __init__(self, samples: HDF5Samples, *, batch_size: int, seed: int, shuffle: bool,
                  vocab_size: int, rank: int = 0, world_size: int = 1) -> None:

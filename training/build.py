@@ -1,6 +1,6 @@
 """Building a run from a ``JobSpec``: the model config, the model with its sparsity algorithm,
 the optimizer and its LR schedule (shared by ``train`` and ``plan``; the data is
-workers/data.py's), and one rank's ``Run`` with the ``LoopSettings`` the loop reads instead of
+training/data.py's), and one rank's ``Run`` with the ``LoopSettings`` the loop reads instead of
 the spec."""
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ import torch
 
 from csx_config import JobSpec, OptimizerSpec
 from csx_config.schedulers import learning_rate_at, warmup_steps
-from workers.data import load_data
-from workers.hdf5 import HDF5BatchSampler
-from workers.model import ModelConfig, Transformer, build_model, learning_rate_scale, lr_adjustment_scales
-from workers.precision import Precision, resolve_precision
-from workers.text import BatchSampler
+from training.data import load_data
+from training.hdf5 import HDF5BatchSampler
+from models.transformer import ModelConfig, Transformer, build_model, learning_rate_scale, lr_adjustment_scales
+from training.precision import Precision, resolve_precision
+from training.text import BatchSampler
 
 
 @dataclass(frozen=True)
 class LoopSettings:
     """What the training loop reads of a ``JobSpec``, resolved once by ``loop_settings``: the
-    loop (workers/train.py) sees these, never the spec."""
+    loop (training/loop.py) sees these, never the spec."""
 
     max_steps: int
     log_steps: int
@@ -66,7 +66,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     sampler: BatchSampler | HDF5BatchSampler
-    eval_data: Any  # (inputs, targets) batches: a list, or workers.hdf5.HDF5EvalBatches
+    eval_data: Any  # (inputs, targets) batches: a list, or training.hdf5.HDF5EvalBatches
     config_dict: dict[str, Any]
     tokenizer_json: dict[str, Any]
     device: torch.device = torch.device("cpu")
@@ -165,7 +165,7 @@ def make_optimizer(spec: OptimizerSpec, model: torch.nn.Module,
                    adjust_learning_rate: dict[str, float] | None = None) -> torch.optim.Optimizer:
     """Weight decay only on tensors with >= 2 dims (nanoGPT); options the spec sets must be
     accepted by the chosen class. The learning rate is 1.0 here, times each parameter's muP /
-    ``adjust_learning_rate`` factor (``workers.model.lr_adjustment_scales``): ``lr_lambda``
+    ``adjust_learning_rate`` factor (``models.transformer.lr_adjustment_scales``): ``lr_lambda``
     gives the absolute rate of every step."""
     cls = optimizer_class(spec.optimizer_type)
     accepted = inspect.signature(cls.__init__).parameters

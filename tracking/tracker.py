@@ -29,9 +29,9 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
-from workers.build import model_config
-from workers.data import planned_shapes
-from workers.plots import HeatmapWriter, write_curves_png, write_density_histogram_png
+from training.build import model_config
+from training.data import planned_shapes
+from tracking.plots import HeatmapWriter, write_curves_png, write_density_histogram_png
 from csx_config import JobSpec
 
 MAX_METRICS_PER_BATCH = 1000

@@ -1,9 +1,9 @@
 """The data of a run, decided in one place: which reader each input section uses (ModelZoo
 HDF5 or text), the shapes a plan needs without reading the data, the checks before any worker
 starts, the tokenizer (the run's saved one, else a new one from the spec), and this rank's train
-sampler and eval batches. The readers are workers/text.py (corpora, tokenizers, token-stream
-sampler) and workers/hdf5.py (ModelZoo's pre-tokenized files), imported where they read: the
-service sizes jobs with the decisions made from the spec alone (workers.memory) and must not
+sampler and eval batches. The readers are training/text.py (corpora, tokenizers, token-stream
+sampler) and training/hdf5.py (ModelZoo's pre-tokenized files), imported where they read: the
+service sizes jobs with the decisions made from the spec alone (training.memory) and must not
 import torch."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from csx_config import HDF5_PROCESSORS, InputSpec, JobSpec
-from workers.safe_files import read_text
+from training.safe_files import read_text
 
 if TYPE_CHECKING:
-    from workers.hdf5 import HDF5BatchSampler, HDF5Samples
-    from workers.text import BatchSampler, Tokenizer
+    from training.hdf5 import HDF5BatchSampler, HDF5Samples
+    from training.text import BatchSampler, Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 BYTE_VOCAB = 256
@@ -94,7 +94,7 @@ def check_data(spec: JobSpec) -> None:
 
 
 def _hdf5_samples(section: InputSpec, dirs: list[str], what: str) -> HDF5Samples:
-    from workers.hdf5 import HDF5Samples
+    from training.hdf5 import HDF5Samples
 
     samples = HDF5Samples(dirs, what)
     if section.max_sequence_length not in (None, samples.seq_len):
@@ -106,8 +106,8 @@ def _hdf5_samples(section: InputSpec, dirs: list[str], what: str) -> HDF5Samples
 def load_data(spec: JobSpec, model_dir: Path | None, *, rank: int = 0, world_size: int = 1,
               save_tokenizer_file: bool = False) -> RunData:
     """This rank's train sampler and eval batches, from HDF5 or text (tokenized here)."""
-    from workers.hdf5 import HDF5BatchSampler, HDF5EvalBatches
-    from workers.text import BatchSampler, encode_documents, eval_batches, load_splits
+    from training.hdf5 import HDF5BatchSampler, HDF5EvalBatches
+    from training.text import BatchSampler, encode_documents, eval_batches, load_splits
 
     train, evaluation, seed = spec.train_input, spec.eval_input, spec.runconfig.seed
     shuffle_seed = seed if train.shuffle_seed is None else train.shuffle_seed
@@ -156,7 +156,7 @@ def load_tokenizer(spec: JobSpec, model_dir: Path | None, train_texts: list[str]
                    save: bool) -> Tokenizer:
     """The run's saved tokenizer when model_dir has one (so evaluation matches training);
     otherwise a new one from the spec, saved to model_dir when ``save``."""
-    from workers.text import make_tokenizer, save_tokenizer, tokenizer_from_json
+    from training.text import make_tokenizer, save_tokenizer, tokenizer_from_json
 
     saved = model_dir / TOKENIZER_FILE if model_dir else None
     if saved and os.path.lexists(saved):  # anything there but the run's own file is refused

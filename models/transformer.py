@@ -19,7 +19,7 @@ no biases. Everything is picked by ModelZoo's model keys (``ModelConfig`` mirror
   ``mup_base_hidden_size / hidden_size`` (its square root unless ``scale_output_logits_by_d``),
   or by a given ``output_logits_scale`` (the 1.x form); with the base sizes, the initializers
   are scaled by width and depth as ModelZoo scales them, and ``lr_adjustment_scales`` gives the
-  per-layer learning-rate factors (``workers.build.make_optimizer`` applies them).
+  per-layer learning-rate factors (``training.build.make_optimizer`` applies them).
 
 Parameters are named as ModelZoo's ``GPT2LMHeadModel`` names them, so a ModelZoo
 ``param_filter`` / ``param_name_patterns`` selects exactly the layers it selects there::
@@ -44,7 +44,7 @@ Sparse-Wide (Sparse-IFT, Thangarasa et al. 2023, arXiv:2303.11525): with
 residual stream (``hidden_size``, through a wider head with the same number of heads) and
 ``filter_size``. Every block projection then has ``k**2`` times the dense weights, so at
 sparsity ``s`` its non-zeros and FLOPs per token equal the dense layer's. The embeddings, norms
-and ``lm_head`` stay dense, but their width follows the residual stream (``workers.plan``
+and ``lm_head`` stay dense, but their width follows the residual stream (``training.report``
 reports those costs).
 """
 

@@ -21,10 +21,10 @@ from typing import Any
 
 from torch import nn
 
-from workers import memory
-from workers.build import build_sparse_model, model_config, optimizer_class
-from workers.data import check_data, planned_shapes
-from workers.model import ModelConfig
+from training import memory
+from training.build import build_sparse_model, model_config, optimizer_class
+from training.data import check_data, planned_shapes
+from models.transformer import ModelConfig
 from csx_config import JobSpec
 
 
@@ -99,7 +99,7 @@ def _projection(model: nn.Module, densities: dict[str, float], seq_len: int, tok
 
 def training_memory(spec: JobSpec, config: ModelConfig, parameters: int, sparse_weights: int,
                     seq_len: int, num_csx: int) -> dict[str, int]:
-    """Bytes one worker needs to train (workers.memory.training_memory) for the built model."""
+    """Bytes one worker needs to train (training.memory.training_memory) for the built model."""
     optimizer_class(spec.optimizer.optimizer_type)  # an unknown name is refused here, by name
     c = config.widened()
     shapes = memory.Shapes(vocab_size=c.vocab_size, hidden_size=c.hidden_size,

@@ -2,7 +2,7 @@
 
 A training checkpoint holds ``model`` (state_dict with the ``*_mask`` buffers), ``optimizer``,
 ``sparsity`` (the algorithm's state_dict), ``lr_scheduler``, ``rng``, ``data_position``,
-``step``, ``phase_start`` (the step its training phase began, see workers/train.py), ``spec``
+``step``, ``phase_start`` (the step its training phase began, see training/loop.py), ``spec``
 (the params as a dict), ``model_config``, ``tokenizer`` and ``mask_hashes``. Everything is
 tensors and plain Python data, so ``torch.load`` runs with ``weights_only=True``.
 
@@ -32,8 +32,8 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from workers.model import ModelConfig
-from workers.safe_files import open_regular, os_error
+from models.transformer import ModelConfig
+from training.safe_files import open_regular, os_error
 
 log = logging.getLogger("csx")
 _NAME = re.compile(r"^checkpoint_(\d+)\.mdl$")
@@ -136,7 +136,7 @@ def load_checkpoint(path: str | Path, *, inside: str | Path | None = None) -> di
     """The checkpoint at `path`, checked against its recorded sha256 when there is one. With
     `inside`, a path that links out of that folder is refused (a model_dir's checkpoints); in
     every case only a regular file is read. Raises ValueError (CorruptCheckpoint for a damaged
-    file, workers.safe_files.RefusedFile for a link or special file) naming the file."""
+    file, training.safe_files.RefusedFile for a link or special file) naming the file."""
     path = Path(path)
     try:
         file = open_regular(path, inside=inside)

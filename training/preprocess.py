@@ -1,4 +1,4 @@
-"""``csx preprocess``: local text files -> ModelZoo HDF5 (``workers.hdf5``'s layout).
+"""``csx preprocess``: local text files -> ModelZoo HDF5 (``training.hdf5``'s layout).
 
 Documents (each file, every ``*.txt`` below a folder, or the plays of ``builtin:shakespeare``;
 Project Gutenberg boilerplate removed)
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workers.text import (
+from training.text import (
     BUILTIN_SHAKESPEARE,
     ByteTokenizer,
     Tokenizer,
@@ -21,7 +21,7 @@ from workers.text import (
     shakespeare_dir,
     strip_gutenberg,
 )
-from workers.hdf5 import write_hdf5
+from training.hdf5 import write_hdf5
 
 
 def read_documents(inputs: list[str]) -> list[str]:
@@ -29,7 +29,7 @@ def read_documents(inputs: list[str]) -> list[str]:
     for item in inputs:
         path = Path(item).expanduser()
         if item == BUILTIN_SHAKESPEARE:
-            files = sorted(shakespeare_dir().glob("*_gut.txt"))  # the plays workers.text trains on
+            files = sorted(shakespeare_dir().glob("*_gut.txt"))  # the plays training.text trains on
         else:
             files = sorted(path.rglob("*.txt")) if path.is_dir() else [path] if path.is_file() else None
         if not files:

@@ -2,7 +2,7 @@
 
 Admission (the service on every path that queues a job, ``csx run`` before it builds anything)
 compares this estimate with what the workers have, so a model far too big is refused in
-microseconds whatever its size, instead of being built or allocated. ``workers.plan`` reports
+microseconds whatever its size, instead of being built or allocated. ``training.report`` reports
 the same numbers from the model it builds on the meta device; a test keeps the parameter count
 here equal to that model's.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from csx_config import JobSpec
-from workers.data import planned_vocab_size
+from training.data import planned_vocab_size
 
 FLOAT_BYTES = 4
 HALF_BYTES = 2  # an activation kept under 16-bit autocast
@@ -40,7 +40,7 @@ def shapes(spec: JobSpec) -> Shapes:
     model = spec.model.resolved()
     hidden, heads, filter_size = model["hidden_size"], model["num_heads"], model["filter_size"]
     sparsity = model["sparse_wide_sparsity"]
-    if sparsity:  # Sparse-Wide, as workers.model.ModelConfig.widened
+    if sparsity:  # Sparse-Wide, as models.transformer.ModelConfig.widened
         k = 1.0 / math.sqrt(1.0 - sparsity)
         hidden = 2 * max(1, round(hidden // heads * k / 2)) * heads
         filter_size = max(1, round(filter_size * k))
@@ -55,7 +55,7 @@ def parameter_count(spec: JobSpec, s: Shapes) -> tuple[int, int]:
     m = spec.model.resolved()
     h, f = s.hidden_size, s.filter_size
     norm = (1 if m["norm_type"] == "rmsnorm" else 2) * h
-    inner = m.get("attention_inner_dim") or h  # all query heads, as workers.model's inner_dim
+    inner = m.get("attention_inner_dim") or h  # all query heads, as models.transformer's inner_dim
     kv = _kv_heads(m, s.num_heads) * (inner // s.num_heads)
     attention_matrices = 2 * h * inner + 2 * h * kv
     attention = (attention_matrices + (inner + 2 * kv) * m["use_projection_bias_in_attention"]
@@ -76,7 +76,7 @@ def parameter_count(spec: JobSpec, s: Shapes) -> tuple[int, int]:
 
 
 def _kv_heads(model: dict, num_heads: int) -> int:
-    """Key/value heads, as workers.model.ModelConfig.kv_heads: num_heads, or num_kv_groups
+    """Key/value heads, as models.transformer.ModelConfig.kv_heads: num_heads, or num_kv_groups
     (default 1) for multiquery_attention."""
     if model.get("attention_module") != "multiquery_attention":
         return num_heads
@@ -85,7 +85,7 @@ def _kv_heads(model: dict, num_heads: int) -> int:
 
 def autocasts(model_keys: dict[str, Any]) -> bool:
     """Whether ModelZoo's precision keys ask for 16-bit autocast (``model.mixed_precision`` or
-    ``model.use_bfloat16``); workers.precision applies it, on CUDA only."""
+    ``model.use_bfloat16``); training.precision applies it, on CUDA only."""
     return bool(model_keys.get("mixed_precision")) or bool(model_keys.get("use_bfloat16"))
 
 

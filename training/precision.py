@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from workers.memory import autocasts
+from training.memory import autocasts
 
 BF16_TYPES = ("bfloat16", "cbfloat16")
 DEFAULT_INITIAL_SCALE = 2.0 ** 15  # GradScaler's own default

@@ -1,5 +1,5 @@
 """The training loop: one explicit loop, the same on one process or on every data-parallel rank.
-``train`` builds this rank's ``Run`` from the spec (workers/build.py); from there on the loop
+``train`` builds this rank's ``Run`` from the spec (training/build.py); from there on the loop
 reads the run's ``LoopSettings``, never the spec.
 
 Per optimizer step ``t`` (1-based), in order: LR for step t; forward/backward on this rank's
@@ -22,7 +22,7 @@ and sparsity algorithm, for ``max_steps`` more steps (see ``_start``).
 Device: the rank's ``device`` (``cpu``, or ``cuda`` where the runner granted a GPU) holds the
 model, masks, optimizer state and each batch; the model is built and masked on the CPU first,
 so a seeded run starts from the same weights and masks on either. On CUDA the fabric's
-``sparse_kernel: auto`` runs masked dense, and the precision keys apply (workers/precision.py).
+``sparse_kernel: auto`` runs masked dense, and the precision keys apply (training/precision.py).
 Resume on CUDA restores the CUDA generator too; it is bit-identical only where the kernels are
 deterministic (cuBLAS reductions may differ between runs unless CUBLAS_WORKSPACE_CONFIG and
 ``torch.use_deterministic_algorithms`` are set), so the exact-resume guarantee is for CPU.
@@ -40,11 +40,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from workers import checkpoint as ckpt
-from workers.build import LoopSettings, Run, build_run
-from workers.model import ROUTED_EXPERT as EXPERT  # routed and shared experts alike
-from workers.perf import PerfProjector
-from workers.safe_files import read_text
+from training import checkpoint as ckpt
+from training.build import LoopSettings, Run, build_run
+from models.transformer import ROUTED_EXPERT as EXPERT  # routed and shared experts alike
+from training.perf import PerfProjector
+from training.safe_files import read_text
 from csx_config import JobSpec
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")

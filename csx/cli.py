@@ -146,15 +146,15 @@ def _run(args: argparse.Namespace) -> int:
     spec = _load_spec(args)
     num_csx = spec.runconfig.num_csx
     if args.validate_only:
-        from workers.plan import plan_table, validate_plan
+        from training.report import plan_table, validate_plan
 
         for note in spec.upgrades():
             print(f"upgraded: {note}")
 
         print(plan_table(validate_plan(spec, num_csx), debug=args.logging == "DEBUG"))
         return 0
-    from workers.memory import too_big
-    from workers.plan import available_memory, check_fits, validate_plan
+    from training.memory import too_big
+    from training.report import available_memory, check_fits, validate_plan
 
     # Arithmetic first: a model far too big is refused before anything is built.
     refusal = too_big(spec, num_csx, available_memory() // num_csx)
@@ -167,7 +167,7 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("csx").info("not applied here: %s (%s)", key, why)
     model_dir = args.model_dir or spec.runconfig.model_dir or str(Path("runs") / Path(args.params).stem)
     progress = ProgressPrinter()
-    from workers.tracking import cli_run_name, sparsity_params
+    from tracking.tracker import cli_run_name, sparsity_params
 
     # Named and tagged alike on 1 and N systems: runs of different files stay apart.
     run_name = cli_run_name(args.params, str(sparsity_params(spec.sparsity)["algorithm"]))
@@ -205,7 +205,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _preprocess(args: argparse.Namespace) -> int:
-    from workers.preprocess import preprocess
+    from training.preprocess import preprocess
 
     summary = preprocess(args.input, args.output_dir, max_sequence_length=args.max_sequence_length,
                          vocab_file=args.vocab_file, merges_file=args.merges_file,
@@ -215,7 +215,7 @@ def _preprocess(args: argparse.Namespace) -> int:
 
 
 def _finalize(args: argparse.Namespace) -> int:
-    from workers.checkpoint import finalize_checkpoint
+    from training.checkpoint import finalize_checkpoint
 
     summary = finalize_checkpoint(args.input, args.output, mode=args.mode, csr_path=args.csr)
     print(json.dumps(summary, indent=2))

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
-from workers.safe_files import read_text
+from training.safe_files import read_text
 
 BUILTIN_SHAKESPEARE = "builtin:shakespeare"
 VALIDATION_FRACTION = 0.1

@@ -323,7 +323,7 @@ class ModelSpec(_Section):
         return values
 
 
-# ModelZoo's lr_adjustment_groups (their parameter globs: models.transformer.LR_ADJUSTMENT_GROUPS).
+# ModelZoo's lr_adjustment_groups (their parameter globs: models.mup.LR_ADJUSTMENT_GROUPS).
 LR_ADJUSTMENT_GROUPS = ("embedding", "decoder_kernel", "decoder_attention", "decoder_input_ffn",
                         "decoder_output_ffn")
 # torch.nn.init names a ModelZoo initializer may use, with the keys each takes besides "name".

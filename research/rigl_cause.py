@@ -223,7 +223,8 @@ def run_one(name: str, seed: int) -> dict[str, Any]:
 
     import sparsity
     from training.text import BatchSampler, encode_documents, eval_batches, load_splits, make_tokenizer
-    from models.transformer import build_model, preset_config
+    from models.config import preset_config
+    from models.transformer import build_model
 
     torch.set_num_threads(1)
     cfg = row_settings(name)

@@ -220,7 +220,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
 
     from training import checkpoint
     from training.build import build_sparse_model
-    from models.transformer import ModelConfig
+    from models.config import ModelConfig
     from training.perf import project
     from csx_config import JobSpec
     from training.loop import train

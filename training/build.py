@@ -17,7 +17,9 @@ from csx_config import JobSpec, OptimizerSpec
 from csx_config.schedulers import learning_rate_at, warmup_steps
 from training.data import load_data
 from training.hdf5 import HDF5BatchSampler
-from models.transformer import ModelConfig, Transformer, build_model, learning_rate_scale, lr_adjustment_scales
+from models.config import ModelConfig
+from models.mup import learning_rate_scale, lr_adjustment_scales
+from models.transformer import Transformer, build_model
 from training.precision import Precision, resolve_precision
 from training.text import BatchSampler
 
@@ -165,7 +167,7 @@ def make_optimizer(spec: OptimizerSpec, model: torch.nn.Module,
                    adjust_learning_rate: dict[str, float] | None = None) -> torch.optim.Optimizer:
     """Weight decay only on tensors with >= 2 dims (nanoGPT); options the spec sets must be
     accepted by the chosen class. The learning rate is 1.0 here, times each parameter's muP /
-    ``adjust_learning_rate`` factor (``models.transformer.lr_adjustment_scales``): ``lr_lambda``
+    ``adjust_learning_rate`` factor (``models.mup.lr_adjustment_scales``): ``lr_lambda``
     gives the absolute rate of every step."""
     cls = optimizer_class(spec.optimizer_type)
     accepted = inspect.signature(cls.__init__).parameters

@@ -32,7 +32,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from models.transformer import ModelConfig
+from models.config import ModelConfig
 from training.safe_files import open_regular, os_error
 
 log = logging.getLogger("csx")

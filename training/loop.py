@@ -42,7 +42,7 @@ import torch
 
 from training import checkpoint as ckpt
 from training.build import LoopSettings, Run, build_run
-from models.transformer import ROUTED_EXPERT as EXPERT  # routed and shared experts alike
+from models.moe import ROUTED_EXPERT as EXPERT  # routed and shared experts alike
 from training.perf import PerfProjector
 from training.safe_files import read_text
 from csx_config import JobSpec

@@ -40,7 +40,7 @@ def shapes(spec: JobSpec) -> Shapes:
     model = spec.model.resolved()
     hidden, heads, filter_size = model["hidden_size"], model["num_heads"], model["filter_size"]
     sparsity = model["sparse_wide_sparsity"]
-    if sparsity:  # Sparse-Wide, as models.transformer.ModelConfig.widened
+    if sparsity:  # Sparse-Wide, as models.config.ModelConfig.widened
         k = 1.0 / math.sqrt(1.0 - sparsity)
         hidden = 2 * max(1, round(hidden // heads * k / 2)) * heads
         filter_size = max(1, round(filter_size * k))
@@ -55,7 +55,7 @@ def parameter_count(spec: JobSpec, s: Shapes) -> tuple[int, int]:
     m = spec.model.resolved()
     h, f = s.hidden_size, s.filter_size
     norm = (1 if m["norm_type"] == "rmsnorm" else 2) * h
-    inner = m.get("attention_inner_dim") or h  # all query heads, as models.transformer's inner_dim
+    inner = m.get("attention_inner_dim") or h  # all query heads, as models.config.ModelConfig.inner_dim
     kv = _kv_heads(m, s.num_heads) * (inner // s.num_heads)
     attention_matrices = 2 * h * inner + 2 * h * kv
     attention = (attention_matrices + (inner + 2 * kv) * m["use_projection_bias_in_attention"]
@@ -76,7 +76,7 @@ def parameter_count(spec: JobSpec, s: Shapes) -> tuple[int, int]:
 
 
 def _kv_heads(model: dict, num_heads: int) -> int:
-    """Key/value heads, as models.transformer.ModelConfig.kv_heads: num_heads, or num_kv_groups
+    """Key/value heads, as models.config.ModelConfig.kv_heads: num_heads, or num_kv_groups
     (default 1) for multiquery_attention."""
     if model.get("attention_module") != "multiquery_attention":
         return num_heads

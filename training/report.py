@@ -24,7 +24,7 @@ from torch import nn
 from training import memory
 from training.build import build_sparse_model, model_config, optimizer_class
 from training.data import check_data, planned_shapes
-from models.transformer import ModelConfig
+from models.config import ModelConfig
 from csx_config import JobSpec
 
 

@@ -8,7 +8,9 @@ from typing import get_args
 import pytest
 import torch
 
-from models.transformer import ModelConfig, apply_rope, build_model, preset_config, rope_tables
+from models.config import ModelConfig, preset_config
+from models.positions import apply_rope, rope_tables
+from models.transformer import build_model
 from csx_config import PRESETS, PresetName
 
 torch.set_num_threads(1)

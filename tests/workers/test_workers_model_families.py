@@ -23,7 +23,10 @@ from test_workers_model_features import GPT, LLAMA, band, reference_attention, t
 from csx import cli
 from training.build import model_config
 from training.data import planned_shapes
-from models.transformer import build_model, load_balancing_loss, variance_scaling_, visible_keys
+from models.initializers import variance_scaling_
+from models.moe import load_balancing_loss
+from models.positions import visible_keys
+from models.transformer import build_model
 from training.report import plan_table, validate_plan
 
 torch.set_num_threads(1)

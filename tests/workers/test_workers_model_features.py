@@ -12,15 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from training.build import model_config
-from models.transformer import (
-    ModelConfig,
-    alibi_slopes,
-    build_model,
-    initializers,
-    rope_frequencies,
-    rope_tables,
-    visible_keys,
-)
+from models.config import ModelConfig
+from models.initializers import initializers
+from models.positions import alibi_slopes, rope_frequencies, rope_tables, visible_keys
+from models.transformer import build_model
 from training.report import plan_table, validate_plan
 from csx_config import JobSpec
 
@@ -314,7 +309,7 @@ def test_the_1x_adjust_learning_rate_scales_every_decoder_kernel():
 
 def test_the_files_adjust_learning_rate_reaches_the_training_optimizer(tmp_path):
     from csx_config import LR_ADJUSTMENT_GROUPS as NAMED_IN_THE_SCHEMA
-    from models.transformer import LR_ADJUSTMENT_GROUPS
+    from models.mup import LR_ADJUSTMENT_GROUPS
     from training.build import build_run
 
     assert tuple(LR_ADJUSTMENT_GROUPS) == NAMED_IN_THE_SCHEMA

@@ -22,7 +22,7 @@ FILES = sorted(p.name for p in MODELZOO.glob("*.yaml"))
 
 def modelzoo_weight_names(model: dict) -> list[str]:
     """The matrix names ModelZoo's GPT2LMHeadModel has for these model keys, written out here
-    independently of models.transformer."""
+    independently of models.config."""
     names = ["embedding_layer.word_embeddings.weight"]
     if model.get("position_embedding_type", "learned") == "learned":
         names.append("embedding_layer.position_embeddings.weight")

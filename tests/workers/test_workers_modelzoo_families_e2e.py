@@ -19,7 +19,7 @@ from csx_config import JobSpec
 from csx import cli
 from training.checkpoint import checkpoint_path, load_checkpoint
 from training.build import build_sparse_model
-from models.transformer import ModelConfig
+from models.config import ModelConfig
 from training.report import validate_plan
 from workers.runner import run_job
 from workers_helpers import preprocess_texts

@@ -13,10 +13,13 @@ pydantic and yaml (the service validates jobs without loading torch).
 """
 
 from csx_config.sections import (
+    GLU_NONLINEARITIES,
     HDF5_PROCESSORS,
     INITIALIZERS,
     LR_ADJUSTMENT_GROUPS,
+    MODEL_KEYS,
     MODELZOO_DEFAULTS,
+    NONLINEARITIES,
     PRESETS,
     InputSpec,
     ModelSpec,
@@ -31,7 +34,8 @@ from csx_config.layouts import detect_layout
 from csx_config.overrides import with_overrides
 from csx_config.spec import JobSpec, parse_yaml
 
-__all__ = ["HDF5_PROCESSORS", "INITIALIZERS", "LR_ADJUSTMENT_GROUPS", "MODELZOO_DEFAULTS", "PRESETS", "InputSpec", "JobSpec",
+__all__ = ["GLU_NONLINEARITIES", "HDF5_PROCESSORS", "INITIALIZERS", "LR_ADJUSTMENT_GROUPS", "MODEL_KEYS",
+           "MODELZOO_DEFAULTS", "NONLINEARITIES", "PRESETS", "InputSpec", "JobSpec",
            "ModelSpec", "OptimizerSpec", "PresetName", "RunConfigSpec", "TokenizerSpec",
            "TrainInputSpec", "detect_layout", "format_problems", "parse_yaml",
            "unknown_key_message", "with_overrides"]

@@ -25,6 +25,9 @@ from csx_config.keys import EXTRA_NOT_APPLIED, HARDWARE_ONLY, NOT_APPLIED_REASON
 from csx_config.schedulers import LearningRate, SchedulerSpec, check_sequence, rename_aliases
 
 PresetName = Literal["tiny", "mini", "small"]
+# model.nonlinearity: the gated (GLU) ones and all of them.
+GLU_NONLINEARITIES = ("swiglu", "geglu", "reglu")
+NONLINEARITIES = ("gelu", "gelu_new", "relu", "silu", "swish", *GLU_NONLINEARITIES)
 HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
 # ModelZoo data processors of models not built here, with what they read.
 PROCESSORS_NOT_BUILT = {"DpoHDF5DataProcessor": "preference pairs for DPO"}
@@ -229,7 +232,7 @@ class ModelSpec(_Section):
     alibi_trainable_slopes: bool | None = None
     share_embedding_weights: bool | None = None
     embedding_layer_norm: bool | None = None
-    nonlinearity: Literal["gelu", "gelu_new", "relu", "silu", "swish", "swiglu", "geglu", "reglu"] | None = None
+    nonlinearity: Literal[NONLINEARITIES] | None = None
     norm_type: Literal["layernorm", "rmsnorm", "biasless-layernorm"] | None = None
     layer_norm_epsilon: float | None = Field(None, gt=0.0)
     attention_type: Literal["scaled_dot_product", "dot_product"] | None = None
@@ -309,8 +312,9 @@ class ModelSpec(_Section):
         return check_initializer(value)
 
     def resolved(self) -> dict[str, Any]:
-        """Every architecture key with its value: the file's, else the preset's, else ModelZoo's."""
-        values = dict(MODELZOO_DEFAULTS)
+        """Every key the built model reads (``MODEL_KEYS``) with its value: the file's, else the
+        preset's, else ModelZoo's."""
+        values = dict(MODEL_KEYS)
         if self.preset:
             values.update(PRESETS[self.preset])
         values.update({k: getattr(self, k) for k in MODELZOO_DEFAULTS if getattr(self, k) is not None})
@@ -323,9 +327,14 @@ class ModelSpec(_Section):
         return values
 
 
-# ModelZoo's lr_adjustment_groups (their parameter globs: models.mup.LR_ADJUSTMENT_GROUPS).
-LR_ADJUSTMENT_GROUPS = ("embedding", "decoder_kernel", "decoder_attention", "decoder_input_ffn",
-                        "decoder_output_ffn")
+# ModelZoo's lr_adjustment_groups, in its order: the parameter globs of each named group.
+LR_ADJUSTMENT_GROUPS: dict[str, tuple[str, ...]] = {
+    "embedding": ("*embedding*weight",),
+    "decoder_kernel": ("*decoder*dense*weight", "*decoder*linear*weight"),  # the 1.x muP group
+    "decoder_attention": ("*decoder*attn*dense*weight",),
+    "decoder_input_ffn": ("*decoder*ffn.ffn.[!1]*weight",),
+    "decoder_output_ffn": ("*decoder*ffn.ffn.[1]*weight",),
+}
 # torch.nn.init names a ModelZoo initializer may use, with the keys each takes besides "name".
 INITIALIZERS = {"normal": ("mean", "std"), "truncated_normal": ("mean", "std", "a", "b"),
                 "variance_scaling": ("scale", "mode", "distribution"),
@@ -350,6 +359,10 @@ MODELZOO_DEFAULTS: dict[str, Any] = {
     "use_untied_layer_norm": False, "scale_qk_dot_by_layer_idx": False, "attention_logit_softcapping": None,
     "final_logit_softcapping": None, "norm_first_sandwich": False, "sliding_window_every_other_decoder_layer": False,
 }
+# Every key a built model reads (ModelSpec.resolved(), models.config.ModelConfig's fields):
+# ModelZoo's, the model class `name` selects, the MoE section and Sparse-Wide's level.
+MODEL_KEYS: dict[str, Any] = {**MODELZOO_DEFAULTS, "model_class": "GPT2LMHeadModel", "moe": None,
+                              "sparse_wide_sparsity": 0.0}
 _SMALL_LLAMA = {"position_embedding_type": "rotary", "norm_type": "rmsnorm", "nonlinearity": "swiglu",
                 "use_projection_bias_in_attention": False, "use_ffn_bias_in_attention": False,
                 "use_ffn_bias": False, "share_embedding_weights": True, "dropout_rate": 0.0,

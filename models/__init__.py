@@ -14,7 +14,7 @@ Mistral, Mixtral and GPT-J/NeoX/Falcon families, built from ModelZoo's model key
     transformer   the decoder as a whole, and ``build_model``
 
 GPT-2/3: learned positions, LayerNorm, GELU, biases. Llama: rotary positions, RMSNorm, SwiGLU,
-no biases. Everything is picked by ModelZoo's model keys (``ModelConfig`` mirrors them):
+no biases. Everything is picked by ModelZoo's model keys (``ModelConfig`` holds them):
 
 - grouped-query / multi-query attention: ``attention_module: multiquery_attention`` with
   ``extra_attention_params: {num_kv_groups: G}`` (G key/value heads; ModelZoo's default 1 is

@@ -14,13 +14,14 @@ reports those costs).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
-MODEL_CLASSES = ("GPT2LMHeadModel", "GPTJModel")
-# Nonlinearity names (models.ffn maps each to its function): gated (GLU) and plain.
-GLU_NONLINEARITIES = ("swiglu", "geglu", "reglu")
-NONLINEARITIES = ("gelu", "gelu_new", "relu", "silu", "swish", *GLU_NONLINEARITIES)
+from csx_config.sections import MODEL_CLASSES as CLASS_OF_NAME
+from csx_config.sections import GLU_NONLINEARITIES, MODEL_KEYS, NONLINEARITIES, PRESETS
+
+# The classes built here: GPT2LMHeadModel (a sequential block) and GPTJModel (a parallel one).
+MODEL_CLASSES = tuple(dict.fromkeys(CLASS_OF_NAME.values()))
 ATTENTION_MODULES = ("aiayn_attention", "multiquery_attention")
 POSITION_EMBEDDINGS = ("learned", "rotary", "alibi")
 # The pos_scaling_extra_args each pos_scaling_type reads, with ModelZoo's defaults (None: required).
@@ -33,63 +34,17 @@ POS_SCALING_ARGS: dict[str, dict[str, Any]] = {
 EXTRA_ATTENTION_PARAMS = ("num_kv_groups",)
 
 
+# The fields: csx_config's model keys (MODEL_KEYS, typed and documented by
+# csx_config.ModelSpec), defaulting to the tiny preset over ModelZoo's defaults.
+_ModelKeys = make_dataclass("_ModelKeys", [(key, Any, field(default=value)) for key, value in
+                                           {**MODEL_KEYS, **PRESETS["tiny"]}.items()], frozen=True)
+_ModelKeys.__module__ = __name__
+
+
 @dataclass(frozen=True)
-class ModelConfig:
-    """ModelZoo's model keys (defaults: a tiny Llama) plus ``sparse_wide_sparsity``."""
-    vocab_size: int = 256
-    hidden_size: int = 64
-    num_hidden_layers: int = 2
-    num_heads: int = 4
-    filter_size: int = 160
-    max_position_embeddings: int = 128
-    position_embedding_type: str = "rotary"
-    rotary_dim: int | None = None  # None: the whole head
-    rope_theta: float = 10000.0
-    pos_scaling_factor: float = 1.0
-    pos_scaling_type: str = "linear"
-    pos_scaling_extra_args: dict[str, Any] | None = None
-    alibi_trainable_slopes: bool = False
-    share_embedding_weights: bool = True
-    embedding_layer_norm: bool = False
-    nonlinearity: str = "swiglu"
-    norm_type: str = "rmsnorm"
-    layer_norm_epsilon: float = 1e-5
-    attention_type: str = "scaled_dot_product"
-    attention_module: str = "aiayn_attention"
-    extra_attention_params: dict[str, Any] | None = None
-    attention_inner_dim: int | None = None  # None: hidden_size
-    attention_sliding_window_length: int | None = None
-    attention_sink_tokens: int | None = None
-    use_projection_bias_in_attention: bool = False
-    use_ffn_bias_in_attention: bool = False
-    use_ffn_bias: bool = False
-    use_bias_in_output: bool = False
-    dropout_rate: float = 0.0
-    attention_dropout_rate: float = 0.0
-    embedding_dropout_rate: float | None = None  # None: dropout_rate
-    initializer_range: float = 0.02
-    embedding_initializer: dict[str, Any] | None = None
-    initializer: dict[str, Any] | None = None
-    output_layer_initializer: dict[str, Any] | None = None
-    # muP
-    mup_base_hidden_size: float | None = None
-    mup_base_filter_size: float | None = None
-    embeddings_scale: float = 1.0
-    output_logits_alpha: float | None = None
-    scale_output_logits_by_d: bool = True
-    output_logits_scale: float | None = None
-    scale_qk_dot_by_d: bool = False
-    attention_logits_alpha: float = 1.0
-    # ModelZoo's model class: GPT2LMHeadModel (sequential block) or GPTJModel (parallel block)
-    model_class: str = "GPT2LMHeadModel"
-    use_untied_layer_norm: bool = False  # GPTJModel: norm3 before the FFN (NeoX), else norm1 for both
-    scale_qk_dot_by_layer_idx: bool = False  # QKᵀ of layer i (from 0) also divided by i + 1
-    attention_logit_softcapping: float | None = None  # Gemma-2: c·tanh(logits / c)
-    final_logit_softcapping: float | None = None
-    norm_first_sandwich: bool = False  # Gemma-2: norm1_post / norm3_post on each sublayer's output
-    sliding_window_every_other_decoder_layer: bool = False  # the window on odd layers only
-    moe: dict[str, Any] | None = None  # model.moe (csx_config.sections.MoESpec's keys)
-    sparse_wide_sparsity: float = 0.0
+class ModelConfig(_ModelKeys):
+    """ModelZoo's model keys (``csx_config.MODEL_KEYS``; defaults: the tiny preset, a small
+    Llama), checked together, with the widths and scales the model derives from them."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "filter_size",
@@ -254,8 +209,6 @@ class ModelConfig:
 
 def preset_config(name: str, **overrides: Any) -> ModelConfig:
     """A ``model.preset`` (csx_config.PRESETS) as a config, with keys replaced."""
-    from csx_config import PRESETS
-
     if name not in PRESETS:
         raise ValueError(f"model.preset {name!r} is unknown; choose one of {sorted(PRESETS)}")
     return ModelConfig(**{**PRESETS[name], **overrides})

@@ -5,17 +5,8 @@ from __future__ import annotations
 
 import fnmatch
 
+from csx_config import LR_ADJUSTMENT_GROUPS
 from models.config import ModelConfig
-
-
-# ModelZoo's lr_adjustment_groups, in its order: parameter globs of each named group.
-LR_ADJUSTMENT_GROUPS = {
-    "embedding": ("*embedding*weight",),
-    "decoder_kernel": ("*decoder*dense*weight", "*decoder*linear*weight"),  # the 1.x muP group
-    "decoder_attention": ("*decoder*attn*dense*weight",),
-    "decoder_input_ffn": ("*decoder*ffn.ffn.[!1]*weight",),
-    "decoder_output_ffn": ("*decoder*ffn.ffn.[1]*weight",),
-}
 
 
 def lr_adjustment_scales(config: ModelConfig, adjust: dict[str, float] | None = None) -> dict[str, float]:

@@ -13,12 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from csx_config import JobSpec
+from csx_config import GLU_NONLINEARITIES, JobSpec
 from training.data import planned_vocab_size
 
 FLOAT_BYTES = 4
 HALF_BYTES = 2  # an activation kept under 16-bit autocast
-GLU_NONLINEARITIES = ("swiglu", "geglu", "reglu")
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,15 @@
             [--vocab_file F [--merges_file M]]
     csx finalize --input ckpt --output ckpt [--mode zeros|nan] [--csr out.npz]
 
-Subcommands from other packages are registered lazily in ``PLUGIN_COMMANDS`` (name → module):
-the module is imported only when its subcommand is used, so ``csx run`` never loads the web
-stack. Such a module provides ``register(subparsers) -> None``, which adds its parser(s) with
-``set_defaults(handler=fn)``, where ``fn(args: argparse.Namespace) -> int`` is the exit code.
+The job service's subcommands (``SERVICE_COMMANDS``: serve, submit, study, token, local-study)
+are service/cli.py's: it is imported only when one of them is used, so ``csx run`` never loads
+the web stack. This package sits above both ``training``/``workers`` and ``service``; neither
+imports it.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import sys
@@ -31,8 +30,7 @@ from pydantic import ValidationError
 
 from csx_config import JobSpec, parse_yaml, format_problems
 
-PLUGIN_COMMANDS = {name: "service.cli" for name in ("serve", "submit", "study", "token",
-                                                  "local-study")}
+SERVICE_COMMANDS = ("serve", "submit", "study", "token", "local-study")
 RUN_MODES = ("train", "eval", "train_and_eval", "eval_all")
 
 
@@ -123,8 +121,8 @@ def _add_convert(subparsers: Any) -> None:
     parser.set_defaults(handler=_convert)
 
 
-LOCAL_COMMANDS: dict[str, Callable[[Any], None]] = {"run": _add_run, "finalize": _add_finalize,
-                                                    "preprocess": _add_preprocess, "convert": _add_convert}
+TRAINING_COMMANDS: dict[str, Callable[[Any], None]] = {"run": _add_run, "finalize": _add_finalize,
+                                                       "preprocess": _add_preprocess, "convert": _add_convert}
 
 
 def _load_spec(args: argparse.Namespace) -> JobSpec:
@@ -223,21 +221,19 @@ def _finalize(args: argparse.Namespace) -> int:
 
 
 def build_parser(command: str | None) -> argparse.ArgumentParser:
-    """All local subcommands; a plugin subcommand's module is imported only when ``command``
-    names it, otherwise the plugin names are listed with a one-line placeholder help."""
+    """Every training subcommand, and the service's: its module is imported only when
+    ``command`` names one of them, else they are listed with a one-line placeholder help."""
     parser = argparse.ArgumentParser(prog="csx", description="weight-sparse training on simulated CS-2 systems")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for add in LOCAL_COMMANDS.values():
+    for add in TRAINING_COMMANDS.values():
         add(subparsers)
-    if command in PLUGIN_COMMANDS:
-        try:
-            plugin = importlib.import_module(PLUGIN_COMMANDS[command])
-        except ModuleNotFoundError as err:
-            parser.error(f"'csx {command}' needs {PLUGIN_COMMANDS[command]}, which is not installed ({err})")
-        plugin.register(subparsers)
+    if command in SERVICE_COMMANDS:
+        from service import cli as service_cli
+
+        service_cli.register(subparsers)
     else:
-        for name, module in PLUGIN_COMMANDS.items():
-            subparsers.add_parser(name, help=f"(from {module})", add_help=False)
+        for name in SERVICE_COMMANDS:
+            subparsers.add_parser(name, help="(the job service)", add_help=False)
     return parser
 
 

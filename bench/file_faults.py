@@ -36,7 +36,7 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "service"), str(ROOT / "tests" / "workers")]  # helpers
 from service_helpers import job_folder, make_token, wait_status  # noqa: E402
-from workers_helpers import memory_headroom, same_state  # noqa: E402
+from training_helpers import memory_headroom, same_state  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "file_faults.json"
 PARAMS = {

@@ -1,7 +1,7 @@
 """`make gpu-check`: the training loop on a CUDA device, against this repo and torch only (no
 Ray, no MLflow), in a few minutes on one GPU.
 
-1. The GPU tests (tests/workers/test_workers_gpu.py), through pytest when it is installed.
+1. The GPU tests (tests/training/test_gpu.py), through pytest when it is installed.
 2. Masks: a seeded RigL run on the GPU against the same run on the CPU, every mask hash (the
    initial masks must match; later ones may differ where the GPU's float rounding reorders
    near-equal scores, and the first such step is named).
@@ -59,7 +59,7 @@ def run_gpu_tests() -> str:
     except ImportError:
         return "skipped: pytest is not installed"
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             str(REPO / "tests" / "workers" / "test_workers_gpu.py")],
+                             str(REPO / "tests" / "training" / "test_gpu.py")],
                             cwd=REPO, capture_output=True, text=True)
     print(result.stdout[-3000:], result.stderr[-2000:], sep="")
     return "passed" if result.returncode == 0 else f"FAILED (pytest exit {result.returncode})"

@@ -13,7 +13,7 @@ from training.text import strip_gutenberg
 from training.hdf5 import HDF5BatchSampler, HDF5EvalBatches, HDF5Samples
 from training.data import check_data, load_data
 from csx_config import JobSpec
-from workers_helpers import preprocess_texts
+from training_helpers import preprocess_texts
 
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(40))
 

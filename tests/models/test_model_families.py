@@ -19,7 +19,7 @@ import sparsity
 from csx_config import JobSpec, format_problems
 from csx_config.keys import HINTS, same_spelling, unknown_key_message
 from csx_config.sections import ModelSpec
-from test_workers_model_features import GPT, LLAMA, band, reference_attention, tokens
+from test_model_features import GPT, LLAMA, band, reference_attention, tokens
 from csx import cli
 from training.build import model_config
 from training.data import planned_shapes

@@ -8,7 +8,7 @@ import pytest
 from mlflow import MlflowClient
 
 from csx import cli
-from workers_helpers import preprocess_texts
+from training_helpers import preprocess_texts
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 MODELZOO = Path(__file__).resolve().parents[2] / "examples" / "modelzoo"

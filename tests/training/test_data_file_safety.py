@@ -15,7 +15,7 @@ from training.text import load_splits
 from training.hdf5 import h5_files
 from training.data import TOKENIZER_FILE, load_tokenizer
 from training.safe_files import RefusedFile
-from workers_helpers import memory_headroom
+from training_helpers import memory_headroom
 
 DEADLINE_S = 60  # far beyond a refusal's milliseconds; the old code blocked until the job timeout
 

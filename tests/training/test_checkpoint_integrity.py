@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from csx_config import JobSpec
 from training import checkpoint as ckpt
 from training.loop import SKIPPED_CHECKPOINT, train
-from workers_helpers import same_state
+from training_helpers import same_state
 
 torch.set_num_threads(1)
 

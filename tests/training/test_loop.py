@@ -14,7 +14,7 @@ from training.build import loop_settings
 from training.checkpoint import list_checkpoints, load_checkpoint
 from csx_config import JobSpec
 from training.loop import AFTER_WARMUP, _MetricLog, _record_eval, train
-from workers_helpers import same_state
+from training_helpers import same_state
 
 torch.set_num_threads(1)  # the fresh process below uses one thread too: same float reductions
 

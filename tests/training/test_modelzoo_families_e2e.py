@@ -22,7 +22,7 @@ from training.build import build_sparse_model
 from models.config import ModelConfig
 from training.report import validate_plan
 from workers.runner import run_job
-from workers_helpers import preprocess_texts
+from training_helpers import preprocess_texts
 
 # The per-rank loop below runs inside Ray actors, which cannot import this test module.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

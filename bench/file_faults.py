@@ -56,13 +56,13 @@ class InProcessHandle:
 
     run_id = None
 
-    def __init__(self, spec: Any, kwargs: dict[str, Any]) -> None:
-        self.spec, self.kwargs = spec, kwargs
+    def __init__(self, plan: Any, kwargs: dict[str, Any]) -> None:
+        self.plan, self.kwargs = plan, kwargs
 
     def wait(self) -> dict[str, Any]:
         from training.loop import train
 
-        return train(self.spec, model_dir=self.kwargs["model_dir"], mode=self.kwargs["mode"],
+        return train(self.plan, model_dir=self.kwargs["model_dir"], mode=self.kwargs["mode"],
                      progress=self.kwargs["progress"])
 
     def cancel(self) -> None:
@@ -139,7 +139,7 @@ def run_faults() -> tuple[list[dict[str, Any]], bool]:
                             mlflow_tracking_uri=f"sqlite:///{root / 'mlflow.db'}",
                             allowed_data_roots=[root / "data"], cluster_size=1,
                             scheduler_interval_s=0.05)
-        launcher = lambda spec, **kwargs: InProcessHandle(spec, kwargs)  # noqa: E731
+        launcher = lambda plan, **kwargs: InProcessHandle(plan, kwargs)  # noqa: E731
         with TestClient(create_app(settings, launcher=launcher)) as client:
             alice, bob = make_token(client, "alice"), make_token(client, "bob")
 

@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from csx_config import JobSpec  # noqa: E402  (after the repo is importable)
 from training.loop import train  # noqa: E402
+from training.plan import plan_job  # noqa: E402
 
 MASK_SPEC = """
 train_input: {batch_size: 8, max_sequence_length: 32}
@@ -66,7 +67,7 @@ def run_gpu_tests() -> str:
 
 
 def seeded_masks(device: str, folder: Path) -> list[list[Any]]:
-    summary = train(JobSpec.from_yaml(MASK_SPEC), model_dir=str(folder / device), device=device)
+    summary = train(plan_job(JobSpec.from_yaml(MASK_SPEC)), model_dir=str(folder / device), device=device)
     return summary["mask_hashes"]
 
 
@@ -83,8 +84,8 @@ def tokens_per_s(device: str, *, sparse: bool, hidden: int, steps: int, folder: 
     text = SPEED_SPEC % {"hidden": hidden, "filter": 4 * hidden, "steps": steps}
     text += SPARSE if sparse else ""
     name = f"{device}-{'sparse' if sparse else 'dense'}-{time.monotonic_ns()}"
-    return float(train(JobSpec.from_yaml(text), model_dir=str(folder / name),
-                       device=device)["tokens_per_s"])
+    summary = train(plan_job(JobSpec.from_yaml(text)), model_dir=str(folder / name), device=device)
+    return float(summary["tokens_per_s"])
 
 
 def main(argv: list[str] | None = None) -> int:

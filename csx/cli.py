@@ -28,10 +28,10 @@ from typing import Any, Callable, TextIO
 import yaml
 from pydantic import ValidationError
 
-from csx_config import JobSpec, parse_yaml, format_problems
+from csx_config import JobSpec, format_problems, parse_yaml
+from training.plan import MODES
 
 SERVICE_COMMANDS = ("serve", "submit", "study", "token", "local-study")
-RUN_MODES = ("train", "eval", "train_and_eval", "eval_all")
 
 
 class ProgressPrinter:
@@ -68,7 +68,7 @@ def _add_run(subparsers: Any) -> None:
     parser.add_argument("--gpus_per_csx", type=int, default=None,
                         help="GPUs per system, 0 for CPU only (default: runconfig.gpus_per_csx, "
                              "else 1 where the cluster has a GPU per system)")
-    parser.add_argument("--mode", choices=RUN_MODES, default="train")
+    parser.add_argument("--mode", choices=MODES, default="train")
     parser.add_argument("--model_dir", default=None,
                         help="checkpoints and tokenizer (default: runconfig.model_dir or ./runs/<params name>)")
     parser.add_argument("--checkpoint_path", default=None, help="start from / evaluate this checkpoint")
@@ -142,26 +142,29 @@ def _run(args: argparse.Namespace) -> int:
 
         import_python_paths(args.python_paths)
     spec = _load_spec(args)
-    num_csx = spec.runconfig.num_csx
-    if args.validate_only:
-        from training.report import plan_table, validate_plan
+    from training.plan import plan_job
+    from training.report import plan_report, plan_table
 
-        for note in spec.upgrades():
+    plan = plan_job(spec)  # the job as it runs: the runner, its workers and the loop read this
+    if args.validate_only:
+        for note in plan.upgrades:
             print(f"upgraded: {note}")
 
-        print(plan_table(validate_plan(spec, num_csx), debug=args.logging == "DEBUG"))
+        print(plan_table(plan_report(plan), debug=args.logging == "DEBUG"))
         return 0
+    from training.data import check_data
     from training.memory import too_big
-    from training.report import available_memory, check_fits, validate_plan
+    from training.report import available_memory
 
     # Arithmetic first: a model far too big is refused before anything is built.
-    refusal = too_big(spec, num_csx, available_memory() // num_csx)
+    refusal = too_big(spec, plan.num_csx, available_memory() // plan.num_csx)
     if refusal:
         raise ValueError(f"model: {refusal}")
-    check_fits(validate_plan(spec, num_csx), spec)  # data and memory, before any worker starts
-    for note in spec.upgrades():
+    plan_report(plan)  # its layers and sparsity groups, on the meta device
+    check_data(plan.data)  # before any worker starts
+    for note in plan.upgrades:
         logging.getLogger("csx").info("upgraded: %s", note)
-    for key, why in spec.not_applied_reasons().items():
+    for key, why in plan.not_applied.items():
         logging.getLogger("csx").info("not applied here: %s (%s)", key, why)
     model_dir = args.model_dir or spec.runconfig.model_dir or str(Path("runs") / Path(args.params).stem)
     progress = ProgressPrinter()
@@ -172,9 +175,8 @@ def _run(args: argparse.Namespace) -> int:
     tags = {"csx.params_file": Path(args.params).name}
     from workers.runner import run_job
 
-    summary = run_job(spec, num_csx=num_csx, mode=args.mode, model_dir=model_dir,
-                      progress=progress, run_name=run_name, tags=tags,
-                      tracking=bool(spec.runconfig.mlflow_experiment))
+    summary = run_job(plan, mode=args.mode, model_dir=model_dir, progress=progress, run_name=run_name,
+                      tags=tags, tracking=bool(plan.experiment))
     for warning in summary.get("warnings", []):  # logged where the loop ran, a Ray worker
         logging.getLogger("csx").warning("%s", warning)
     shown = {k: v for k, v in summary.items()

@@ -17,6 +17,7 @@ from csx_config.sections import (
     HDF5_PROCESSORS,
     INITIALIZERS,
     LR_ADJUSTMENT_GROUPS,
+    MAX_CSX,
     MODEL_KEYS,
     MODELZOO_DEFAULTS,
     NONLINEARITIES,
@@ -28,14 +29,15 @@ from csx_config.sections import (
     RunConfigSpec,
     TokenizerSpec,
     TrainInputSpec,
+    batch_split_problem,
 )
 from csx_config.keys import format_problems, unknown_key_message
 from csx_config.layouts import detect_layout
 from csx_config.overrides import with_overrides
 from csx_config.spec import JobSpec, parse_yaml
 
-__all__ = ["GLU_NONLINEARITIES", "HDF5_PROCESSORS", "INITIALIZERS", "LR_ADJUSTMENT_GROUPS", "MODEL_KEYS",
-           "MODELZOO_DEFAULTS", "NONLINEARITIES", "PRESETS", "InputSpec", "JobSpec",
+__all__ = ["GLU_NONLINEARITIES", "HDF5_PROCESSORS", "INITIALIZERS", "LR_ADJUSTMENT_GROUPS", "MAX_CSX",
+           "MODEL_KEYS", "MODELZOO_DEFAULTS", "NONLINEARITIES", "PRESETS", "InputSpec", "JobSpec",
            "ModelSpec", "OptimizerSpec", "PresetName", "RunConfigSpec", "TokenizerSpec",
-           "TrainInputSpec", "detect_layout", "format_problems", "parse_yaml",
+           "TrainInputSpec", "batch_split_problem", "detect_layout", "format_problems", "parse_yaml",
            "unknown_key_message", "with_overrides"]

@@ -31,6 +31,8 @@ NONLINEARITIES = ("gelu", "gelu_new", "relu", "silu", "swish", *GLU_NONLINEARITI
 HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
 # ModelZoo data processors of models not built here, with what they read.
 PROCESSORS_NOT_BUILT = {"DpoHDF5DataProcessor": "preference pairs for DPO"}
+# A CS-2 cluster has at most 192 systems.
+MAX_CSX = 192
 # Keys inside a sparsity config whose numeric values are sparsity levels.
 SPARSITY_LEVEL_KEYS = ("sparsity", "init_sparsity", "end_sparsity", "value", "init", "final",
                        "minimum")
@@ -462,7 +464,7 @@ class RunConfigSpec(_Section):
     checkpoint_steps: NonNegativeInt | None = 0  # 0 / null: checkpoint only at the end
     log_steps: PositiveInt = 10
     seed: int = 0
-    num_csx: PositiveInt = Field(1, le=192)  # a CS-2 cluster has at most 192 systems
+    num_csx: PositiveInt = Field(1, le=MAX_CSX)
     max_failures: NonNegativeInt = 3
     mlflow_experiment: str = "csx-sparse"
     model_dir: str | None = None
@@ -478,6 +480,15 @@ class RunConfigSpec(_Section):
     gpus_per_csx: NonNegativeInt | None = None  # 0: train on CPUs even where GPUs exist
     # Ray placement of the job's systems: PACK on as few nodes as fit, SPREAD over nodes.
     placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
+
+
+def batch_split_problem(batch_size: int, num_csx: int, section: str = "train_input") -> str | None:
+    """Why a global batch cannot split over `num_csx` systems, or None: each system takes an
+    equal slice (the schema, the service's options and every plan ask this)."""
+    if batch_size % num_csx == 0:
+        return None
+    return (f"{section}.batch_size ({batch_size}) must divide evenly over num_csx ({num_csx}): "
+            "each system takes an equal slice of the global batch")
 
 
 def check_sparsity_levels(value: Any, path: str) -> None:

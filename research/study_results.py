@@ -224,16 +224,18 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     from training.perf import project
     from csx_config import JobSpec
     from training.loop import train
+    from training.plan import plan_job
 
     torch.set_num_threads(1)
     spec = JobSpec.model_validate(task["params"])
+    plan = plan_job(spec)
     recorder = MetricRecorder()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as model_dir:
-        summary = train(spec, model_dir=model_dir, mode="train_and_eval", tracker=recorder)
+        summary = train(plan, model_dir=model_dir, mode="train_and_eval", tracker=recorder)
         state = checkpoint.load_checkpoint(checkpoint.latest_checkpoint(model_dir))
     wall_s = time.perf_counter() - started
-    model, _ = build_sparse_model(spec, ModelConfig(**state["model_config"]))
+    model, _ = build_sparse_model(ModelConfig(**state["model_config"]), plan.sparsity, seed=plan.seed)
     model.load_state_dict(state["model"])
     tokens = spec.train_input.batch_size * spec.train_input.max_sequence_length
     projections = {str(n): project(model, seq_len=spec.train_input.max_sequence_length, global_tokens=tokens,

@@ -71,7 +71,7 @@ class Handle(Protocol):
     def wait(self) -> dict[str, Any]: ...
 
 
-Launcher = Callable[..., Handle]  # start_job's keyword signature
+Launcher = Callable[..., Handle]  # start_job's: the job's plan and keyword options
 
 
 class RayLauncher:
@@ -105,7 +105,7 @@ class RayLauncher:
             connect_ray(systems=machine_summary(self.cluster_size).systems, address=address)
         return live_summary()
 
-    def __call__(self, spec: Any, **kwargs: Any) -> Handle:
+    def __call__(self, plan: Any, **kwargs: Any) -> Handle:
         import ray
 
         from service.cluster import machine_summary
@@ -122,7 +122,7 @@ class RayLauncher:
                                          log_path=self.runs_dir / "ray" / "head.log")
                 address = self._head.address
             connect_ray(systems=systems, address=address)
-        return start_job(spec, **kwargs)
+        return start_job(plan, **kwargs)
 
     def cluster_lost(self, wait_s: float) -> bool:
         """Whether the local Ray head this launcher started died (its watcher exits within a
@@ -409,9 +409,9 @@ class Scheduler:
     def _execute(self, execution: Execution, resume: bool) -> None:
         job_id = execution.job_id
         try:
-            spec, launch_args = self._prepare(execution, resume)
+            plan, launch_args = self._prepare(execution, resume)
             if execution.stop_reason is None:
-                handle = self.launcher(spec, **launch_args)
+                handle = self.launcher(plan, **launch_args)
                 execution.attach(handle)
                 self._started(job_id, handle)
                 execution.outcome = (S.SUCCEEDED, "finished", handle.wait())
@@ -456,8 +456,11 @@ class Scheduler:
         self.wake()
 
     def _prepare(self, execution: Execution, resume: bool) -> tuple[Any, dict[str, Any]]:
-        """VALIDATING → PROVISIONING (deep validation, with torch), or resume as is."""
+        """The job's plan, made here once from its row and carried to its worker group;
+        VALIDATING → PROVISIONING after the memory rule and the plan's report (with torch),
+        or a resumed job planned again as it was admitted."""
         from csx_config import JobSpec
+        from training.plan import plan_job
 
         job_id = execution.job_id
         with self.sessions() as session:
@@ -468,13 +471,17 @@ class Scheduler:
                 too_big = memory_problems(spec, job.num_csx, self.settings)
                 if too_big:
                     raise ValueError(f"invalid job: {too_big[0][1]}")
-                try:
-                    from training.report import validate_plan
+            try:
+                plan = plan_job(spec, job.num_csx, max_failures=job.max_failures,
+                                experiment=experiment_name(self.settings.mlflow_access, job.owner.name,
+                                                           job.experiment))
+                if not resume:
+                    from training.report import plan_report
 
-                    job.plan = json.loads(json.dumps(validate_plan(spec, job.num_csx),
-                                                     default=str))
-                except (ValueError, TypeError) as err:
-                    raise ValueError(f"invalid job: {err}") from err
+                    job.plan = json.loads(json.dumps(plan_report(plan), default=str))
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"invalid job: {err}") from err
+            if not resume:
                 ignored = job.plan.get("not_applied") or []
                 note = f"; not applied here (hardware-only keys): {', '.join(ignored)}" if ignored else ""
                 self._move(session, job, S.PROVISIONING, f"plan validated{note}")
@@ -483,13 +490,10 @@ class Scheduler:
 
             run_name, run_tags = run_identity(job)  # MLflow run name and csx.* tags
             launch_args = {
-                "num_csx": job.num_csx, "mode": job.mode, "model_dir": str(model_dir),
+                "mode": job.mode, "model_dir": str(model_dir),
                 "mlflow_run_id": job.mlflow_run_id,
-                "experiment": experiment_name(self.settings.mlflow_access, job.owner.name,
-                                              job.experiment),
                 "parent_run_id": None,
                 "progress": lambda event: self._on_progress(execution, event),
-                "max_failures": job.max_failures,
                 "tracking_uri": self.settings.mlflow_tracking_uri,
                 "run_name": run_name, "tags": run_tags,
             }
@@ -497,7 +501,7 @@ class Scheduler:
             session.commit()
         if study_id is not None:  # outside the transaction: MLflow may take minutes to answer
             launch_args["parent_run_id"] = self._parent_run(study_id)
-        return spec, launch_args
+        return plan, launch_args
 
     def _parent_run(self, study_id: int) -> str:
         """The study's parent MLflow run, opened by its first job to start (not by the request

@@ -29,10 +29,8 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
-from training.build import model_config
-from training.data import planned_shapes
 from tracking.plots import HeatmapWriter, write_curves_png, write_density_histogram_png
-from csx_config import JobSpec
+from training.plan import JobPlan
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
@@ -179,13 +177,12 @@ def run_params(spec: Mapping[str, Any], num_csx: int) -> dict[str, str]:
     return flat
 
 
-def job_params(spec: JobSpec, num_csx: int) -> dict[str, str]:
-    """`run_params` of a job with its model as built: the keys a preset or ModelZoo's defaults
-    fill, and the data's vocabulary, in place of the file's unset ones."""
-    data = spec.model_dump(mode="json")
-    built = asdict(model_config(spec, *planned_shapes(spec)))
-    data["model"] = {**data["model"], **built}
-    return run_params(data, num_csx)
+def job_params(plan: JobPlan) -> dict[str, str]:
+    """`run_params` of a job with its model as planned: the keys a preset or ModelZoo's
+    defaults fill, and the data's vocabulary, in place of the file's unset ones."""
+    data = dict(plan.loop.spec_json)
+    data["model"] = {**data["model"], **asdict(plan.model)}
+    return run_params(data, plan.num_csx)
 
 
 def cli_run_name(params_file: str, algorithm: str) -> str:
@@ -195,7 +192,7 @@ def cli_run_name(params_file: str, algorithm: str) -> str:
     return stem if algorithm.lower() in stem.lower() else f"{stem} ({algorithm})"
 
 
-def open_run(spec: JobSpec, *, num_csx: int, tracking_uri: str | None = None,
+def open_run(plan: JobPlan, *, tracking_uri: str | None = None,
              parent_run_id: str | None = None, run_name: str | None = None,
              tags: Mapping[str, str] | None = None) -> str:
     """Create a job's MLflow run with its params and the params YAML, the same on 1 and on N
@@ -205,18 +202,18 @@ def open_run(spec: JobSpec, *, num_csx: int, tracking_uri: str | None = None,
     algorithm, and tagged `csx.algorithm`, `csx.variant` (the name) and `csx.num_csx` besides
     `tags`: MLflow's own random names would say nothing about which run is which.
     """
-    params = job_params(spec, num_csx)
+    params = job_params(plan)
     name = run_name or params["algorithm"]
     run_tags = {"csx.algorithm": params["algorithm"], "csx.variant": name,
-                "csx.num_csx": str(num_csx), **(tags or {})}
+                "csx.num_csx": str(plan.num_csx), **(tags or {})}
     tracking_uri = resolve_tracking_uri(tracking_uri)
-    run_id = create_run(spec.runconfig.mlflow_experiment, tracking_uri=tracking_uri,
+    run_id = create_run(plan.experiment, tracking_uri=tracking_uri,
                         parent_run_id=parent_run_id, run_name=name, tags=run_tags)
     client = MlflowClient(tracking_uri=tracking_uri)
     items = [Param(k, v) for k, v in params.items()]
     for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
         client.log_batch(run_id, params=items[start:start + MAX_PARAMS_PER_BATCH])
-    client.log_text(run_id, spec.to_yaml(), "params.yaml")
+    client.log_text(run_id, plan.loop.params_yaml, "params.yaml")
     return run_id
 
 

@@ -1,62 +1,27 @@
-"""Building a run from a ``JobSpec``: the model config, the model with its sparsity algorithm,
-the optimizer and its LR schedule (shared by ``train`` and ``plan``; the data is
-training/data.py's), and one rank's ``Run`` with the ``LoopSettings`` the loop reads instead of
-the spec."""
+"""Building one rank's run from a job's plan: its data, the model with its sparsity algorithm,
+the optimizer and its LR schedule (the model and algorithm also for training/report.py's
+plan, on the meta device)."""
 
 from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from csx_config import JobSpec, OptimizerSpec
-from csx_config.schedulers import learning_rate_at, warmup_steps
-from training.data import load_data
-from training.hdf5 import HDF5BatchSampler
+from csx_config import OptimizerSpec
+from csx_config.schedulers import learning_rate_at
 from models.config import ModelConfig
 from models.mup import learning_rate_scale, lr_adjustment_scales
 from models.transformer import Transformer, build_model
+from training.data import load_data
+from training.hdf5 import HDF5BatchSampler
+from training.plan import JobPlan, LoopSettings, with_defaults
 from training.precision import Precision, resolve_precision
 from training.text import BatchSampler
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """What the training loop reads of a ``JobSpec``, resolved once by ``loop_settings``: the
-    loop (training/loop.py) sees these, never the spec."""
-
-    max_steps: int
-    log_steps: int
-    eval_frequency: int | None  # 0 / None: evaluate only at the end (train_and_eval)
-    checkpoint_steps: int | None  # 0 / None: checkpoint only at the end
-    checkpoint_path: str | None  # start (train) or evaluate (eval) from this checkpoint
-    sparse_kernel: str
-    global_batch_size: int
-    max_gradient_norm: float | None
-    warmup_steps: int
-    spec_json: dict[str, Any]  # saved in every checkpoint
-    params_yaml: str  # written beside the checkpoints
-
-    @property
-    def sparsity_section(self) -> Any:
-        """The spec's sparsity section as checkpoints record it (a changed one starts a new
-        pruning phase)."""
-        return self.spec_json["sparsity"]
-
-
-def loop_settings(spec: JobSpec) -> LoopSettings:
-    rc = spec.runconfig
-    return LoopSettings(max_steps=rc.max_steps, log_steps=rc.log_steps,
-                        eval_frequency=rc.eval_frequency, checkpoint_steps=rc.checkpoint_steps,
-                        checkpoint_path=rc.checkpoint_path, sparse_kernel=rc.sparse_kernel,
-                        global_batch_size=spec.train_input.batch_size,
-                        max_gradient_norm=spec.optimizer.max_gradient_norm,
-                        warmup_steps=warmup_steps(spec.optimizer.learning_rate),
-                        spec_json=spec.model_dump(mode="json"), params_yaml=spec.to_yaml())
 
 
 @dataclass
@@ -84,73 +49,50 @@ class Run:
     warnings: list[str] = field(default_factory=list)
 
 
-def build_run(spec: JobSpec, model_dir: Path, rank: int, world_size: int, device: torch.device) -> Run:
-    """This rank's run of `spec`: its data, the model with its masks on `device`, optimizer,
-    LR schedule, precision, and the loop's settings (the one place the loop's spec is read)."""
+def build_run(plan: JobPlan, model_dir: Path, rank: int, device: torch.device) -> Run:
+    """This rank's run of `plan`: its data, the model with its masks on `device`, optimizer,
+    LR schedule, precision and the loop's settings."""
     # Dropout draws from the global generator, which torch seeds at random in every process:
     # seeded per run and replica, the same seed gives the same losses (a resume then restores
     # the checkpoint's generator state over this one).
-    torch.manual_seed(spec.runconfig.seed * 1_000_003 + rank)
-    data = load_data(spec, model_dir, rank=rank, world_size=world_size, save_tokenizer_file=rank == 0)
-    config = model_config(spec, data.vocab_size, data.sampler.seq_len)
-    model, alg = build_sparse_model(spec, config)
+    torch.manual_seed(plan.seed * 1_000_003 + rank)
+    data = load_data(plan.data, model_dir, rank=rank, world_size=plan.num_csx, save_tokenizer_file=rank == 0)
+    config = replace(plan.model, vocab_size=data.vocab_size)
+    model, alg = build_sparse_model(config, plan.sparsity, seed=plan.seed)
     model.to(device)  # in place: the algorithm's parameters and mask buffers move with it
-    precision = resolve_precision(spec.model.model_extra or {}, spec.optimizer.model_extra or {},
-                                  device)
-    optimizer = make_optimizer(spec.optimizer, model, spec.optimizer.adjust_learning_rate)
+    precision = resolve_precision(*plan.precision_keys, device)
+    optimizer = make_optimizer(plan.optimizer, model, plan.optimizer.adjust_learning_rate)
     if alg is not None:
         alg.apply(optimizer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec.optimizer))
-    return Run(settings=loop_settings(spec), model=model, alg=alg, optimizer=optimizer,
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(plan.optimizer))
+    return Run(settings=plan.loop, model=model, alg=alg, optimizer=optimizer,
                scheduler=scheduler, sampler=data.sampler, eval_data=data.eval_data,
                config_dict=asdict(config), tokenizer_json=data.tokenizer_json,
                device=device, precision=precision, scaler=precision.scaler(device),
-               end_step=spec.runconfig.max_steps)
+               end_step=plan.loop.max_steps)
 
 
-def model_config(spec: JobSpec, vocab_size: int, seq_len: int) -> ModelConfig:
-    """The model keys (file, else preset, else ModelZoo default) with the data's vocabulary;
-    the sequences must fit the position table."""
-    config = ModelConfig(**{**spec.model.resolved(), "vocab_size": vocab_size})
-    if seq_len > config.max_position_embeddings:
-        raise ValueError(f"the sequence length ({seq_len}) exceeds model.max_position_embeddings "
-                         f"({config.max_position_embeddings})")
-    return config
-
-
-def build_sparse_model(spec: JobSpec, config: ModelConfig, device: str | None = None
+def build_sparse_model(config: ModelConfig, sparsity_section: Any, *, seed: int, device: str | None = None
                        ) -> tuple[Transformer, Any]:
-    """The model (seeded by runconfig.seed; shapes only on ``device="meta"``) and, when the
-    spec has a sparsity section, the configured algorithm applied to it (masks exist on return)."""
-    model = build_model(config, seed=spec.runconfig.seed, device=device)
-    if spec.sparsity is None:
+    """The model (seeded by `seed`; shapes only on ``device="meta"``) and, with a sparsity
+    section, the configured algorithm applied to it (masks exist on return)."""
+    model = build_model(config, seed=seed, device=device)
+    if sparsity_section is None:
         return model, None
     import sparsity
 
-    # runconfig.seed seeds the masks too, unless the sparsity config names its own seed.
-    section = _with_defaults(spec.sparsity, {"seed": spec.runconfig.seed})
-    algorithm = sparsity.configure(section)  # checks the section as written
+    algorithm = sparsity.configure(sparsity_section)  # checks the section as written
     if device == "meta":
         # A meta tensor has no values to draw a mask from: all-True masks of the right shape;
         # plans read the per-layer targets, never the masks.
-        algorithm = sparsity.configure(_with_defaults(section, {"init_method": _shape_only_mask}, override=True))
+        algorithm = sparsity.configure(with_defaults(sparsity_section, {"init_method": _shape_only_mask},
+                                                     override=True))
     algorithm.apply(model)
     return model, algorithm
 
 
 def _shape_only_mask(param: torch.Tensor, _sparsity: float, _generator: torch.Generator) -> torch.Tensor:
     return torch.ones_like(param, dtype=torch.bool)
-
-
-def _with_defaults(config: Any, defaults: dict[str, Any], override: bool = False) -> Any:
-    """The sparsity section with ``defaults`` in every group (the section's own values win
-    unless ``override``)."""
-    if isinstance(config, (int, float)):
-        return {"sparsity": config, **defaults}
-    if isinstance(config, list):
-        return [_with_defaults(group, defaults, override) if isinstance(group, dict) else group
-                for group in config]
-    return {**config, **defaults} if override else {**defaults, **config}
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:

@@ -1,10 +1,10 @@
 """The data of a run, decided in one place: which reader each input section uses (ModelZoo
 HDF5 or text), the shapes a plan needs without reading the data, the checks before any worker
-starts, the tokenizer (the run's saved one, else a new one from the spec), and this rank's train
-sampler and eval batches. The readers are training/text.py (corpora, tokenizers, token-stream
-sampler) and training/hdf5.py (ModelZoo's pre-tokenized files), imported where they read: the
-service sizes jobs with the decisions made from the spec alone (training.memory) and must not
-import torch."""
+starts, the tokenizer (the run's saved one, else a new one as the plan says), and this rank's
+train sampler and eval batches. The readers are training/text.py (corpora, tokenizers,
+token-stream sampler) and training/hdf5.py (ModelZoo's pre-tokenized files), imported where they
+read: the service sizes jobs with the decisions made from the spec alone (training.memory) and
+must not import torch."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from csx_config import HDF5_PROCESSORS, InputSpec, JobSpec
+from csx_config import HDF5_PROCESSORS, InputSpec, JobSpec, TokenizerSpec
 from training.safe_files import read_text
 
 if TYPE_CHECKING:
     from training.hdf5 import HDF5BatchSampler, HDF5Samples
+    from training.plan import DataPlan, InputPlan
     from training.text import BatchSampler, Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -36,14 +37,13 @@ def has_h5_files(data_dirs: list[str]) -> bool:
         return False
 
 
-def is_hdf5(section: InputSpec, data_dirs: list[str]) -> bool:
+def is_hdf5(section: InputSpec | InputPlan, data_dirs: list[str] | tuple[str, ...]) -> bool:
     return section.data_processor in HDF5_PROCESSORS or (
         section.data_processor is None and has_h5_files(data_dirs))
 
 
-def text_vocab_size(spec: JobSpec, tokenizer_vocab: int) -> int:
-    """The tokenizer's vocabulary, or model.vocab_size when the file gives a larger one."""
-    wanted = spec.model.vocab_size
+def text_vocab_size(wanted: int | None, tokenizer_vocab: int) -> int:
+    """The tokenizer's vocabulary, or model.vocab_size (`wanted`) when the file gives a larger one."""
     if wanted is not None and wanted < tokenizer_vocab:
         raise ValueError(f"model.vocab_size ({wanted}) is smaller than the tokenizer's vocabulary "
                          f"({tokenizer_vocab})")
@@ -57,7 +57,7 @@ def planned_vocab_size(spec: JobSpec) -> int:
     if is_hdf5(train, train.data_dirs()):
         return spec.model.resolved()["vocab_size"]
     tokenizer = spec.model.tokenizer
-    return text_vocab_size(spec, BYTE_VOCAB if tokenizer.type == "byte"
+    return text_vocab_size(spec.model.vocab_size, BYTE_VOCAB if tokenizer.type == "byte"
                            else tokenizer.vocab_size or DEFAULT_BPE_VOCAB)
 
 
@@ -79,21 +79,21 @@ class RunData:
     eval_data: Any  # a list of (inputs, targets), or HDF5EvalBatches (read when iterated)
 
 
-def check_data(spec: JobSpec) -> None:
+def check_data(data: DataPlan) -> None:
     """Fail before any worker starts when a data_dir is missing or malformed (HDF5: every
     file's layout is read; text: the path must exist)."""
-    for what, section, dirs in (("train_input", spec.train_input, spec.train_input.data_dirs()),
-                                ("eval_input", spec.eval_input, spec.eval_data_dirs())):
+    for section in (data.train, data.eval):
+        dirs = list(section.data_dirs)
         if is_hdf5(section, dirs):
-            _hdf5_samples(section, dirs, what)
+            _hdf5_samples(section, dirs, section.section)
         elif len(dirs) != 1:
-            raise ValueError(f"{what}.data_dir: text data takes one data_dir, got {len(dirs)} "
+            raise ValueError(f"{section.section}.data_dir: text data takes one data_dir, got {len(dirs)} "
                              "(a list is for ModelZoo HDF5 folders)")
         elif not dirs[0].startswith("builtin:") and not Path(dirs[0]).expanduser().exists():
-            raise ValueError(f"{what}.data_dir {dirs[0]!r} does not exist")
+            raise ValueError(f"{section.section}.data_dir {dirs[0]!r} does not exist")
 
 
-def _hdf5_samples(section: InputSpec, dirs: list[str], what: str) -> HDF5Samples:
+def _hdf5_samples(section: InputSpec | InputPlan, dirs: list[str], what: str) -> HDF5Samples:
     from training.hdf5 import HDF5Samples
 
     samples = HDF5Samples(dirs, what)
@@ -103,32 +103,31 @@ def _hdf5_samples(section: InputSpec, dirs: list[str], what: str) -> HDF5Samples
     return samples
 
 
-def load_data(spec: JobSpec, model_dir: Path | None, *, rank: int = 0, world_size: int = 1,
+def load_data(data: DataPlan, model_dir: Path | None, *, rank: int = 0, world_size: int = 1,
               save_tokenizer_file: bool = False) -> RunData:
     """This rank's train sampler and eval batches, from HDF5 or text (tokenized here)."""
     from training.hdf5 import HDF5BatchSampler, HDF5EvalBatches
     from training.text import BatchSampler, encode_documents, eval_batches, load_splits
 
-    train, evaluation, seed = spec.train_input, spec.eval_input, spec.runconfig.seed
-    shuffle_seed = seed if train.shuffle_seed is None else train.shuffle_seed
-    if is_hdf5(train, train.data_dirs()):
-        vocab = spec.model.resolved()["vocab_size"]
+    train, evaluation = data.train, data.eval
+    train_dirs, eval_dirs = list(train.data_dirs), list(evaluation.data_dirs)
+    if is_hdf5(train, train_dirs):
+        vocab = data.model_vocab_size
         sampler: BatchSampler | HDF5BatchSampler = HDF5BatchSampler(
-            _hdf5_samples(train, train.data_dirs(), "train_input"), batch_size=train.batch_size,
-            seed=shuffle_seed, shuffle=train.shuffle, vocab_size=vocab, rank=rank, world_size=world_size)
+            _hdf5_samples(train, train_dirs, "train_input"), batch_size=train.batch_size,
+            seed=train.shuffle_seed, shuffle=train.shuffle, vocab_size=vocab, rank=rank, world_size=world_size)
         tokenizer_json = {"type": "pretokenized", "vocab_size": vocab}
         tokenizer, train_splits = None, None
     else:
-        splits = load_splits(_one_text_dir(train.data_dirs(), "train_input"))
-        tokenizer = load_tokenizer(spec, model_dir, splits.train, save_tokenizer_file)
-        vocab = text_vocab_size(spec, tokenizer.vocab_size)
-        seq_len = train.max_sequence_length or spec.model.resolved()["max_position_embeddings"]
+        splits = load_splits(_one_text_dir(train_dirs, "train_input"))
+        tokenizer = load_tokenizer(data.tokenizer, model_dir, splits.train, save_tokenizer_file)
+        vocab = text_vocab_size(data.requested_vocab_size, tokenizer.vocab_size)
+        seq_len = train.max_sequence_length or data.max_position_embeddings
         sampler = BatchSampler(encode_documents(tokenizer, splits.train), batch_size=train.batch_size,
-                               seq_len=seq_len, seed=shuffle_seed, shuffle=train.shuffle, rank=rank,
+                               seq_len=seq_len, seed=train.shuffle_seed, shuffle=train.shuffle, rank=rank,
                                world_size=world_size)
         tokenizer_json, train_splits = tokenizer.to_json(), splits
-    eval_dirs = spec.eval_data_dirs()
-    steps = spec.runconfig.eval_steps
+    steps = data.eval_steps
     if is_hdf5(evaluation, eval_dirs):
         eval_data: Any = HDF5EvalBatches(_hdf5_samples(evaluation, eval_dirs, "eval_input"),
                                          batch_size=evaluation.batch_size, steps=steps, vocab_size=vocab,
@@ -138,7 +137,7 @@ def load_data(spec: JobSpec, model_dir: Path | None, *, rank: int = 0, world_siz
             raise ValueError("eval_input: text data needs a tokenizer, but train_input is HDF5 "
                              "(pre-tokenized); give eval_input an HDF5 data_dir")
         eval_dir = _one_text_dir(eval_dirs, "eval_input")
-        eval_splits = train_splits if eval_dirs == train.data_dirs() else load_splits(eval_dir)
+        eval_splits = train_splits if eval_dirs == train_dirs else load_splits(eval_dir)
         eval_data = eval_batches(encode_documents(tokenizer, eval_splits.validation),
                                  batch_size=evaluation.batch_size,
                                  seq_len=evaluation.max_sequence_length or sampler.seq_len, steps=steps,
@@ -152,16 +151,15 @@ def _one_text_dir(dirs: list[str], what: str) -> str:
     return dirs[0]
 
 
-def load_tokenizer(spec: JobSpec, model_dir: Path | None, train_texts: list[str],
+def load_tokenizer(tok: TokenizerSpec, model_dir: Path | None, train_texts: list[str],
                    save: bool) -> Tokenizer:
     """The run's saved tokenizer when model_dir has one (so evaluation matches training);
-    otherwise a new one from the spec, saved to model_dir when ``save``."""
+    otherwise a new one as `tok` says, saved to model_dir when ``save``."""
     from training.text import make_tokenizer, save_tokenizer, tokenizer_from_json
 
     saved = model_dir / TOKENIZER_FILE if model_dir else None
     if saved and os.path.lexists(saved):  # anything there but the run's own file is refused
         return tokenizer_from_json(json.loads(read_text(saved, inside=model_dir)))
-    tok = spec.model.tokenizer
     tokenizer = make_tokenizer(tok.type, tok.vocab_size, train_texts, tok.vocab_file, tok.merges_file)
     if saved and save:
         saved.parent.mkdir(parents=True, exist_ok=True)

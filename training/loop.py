@@ -1,6 +1,6 @@
 """The training loop: one explicit loop, the same on one process or on every data-parallel rank.
-``train`` builds this rank's ``Run`` from the spec (training/build.py); from there on the loop
-reads the run's ``LoopSettings``, never the spec.
+``train`` builds this rank's ``Run`` from the job's plan (training/plan.py, training/build.py);
+the loop reads the run and the plan's ``LoopSettings``, never the spec.
 
 Per optimizer step ``t`` (1-based), in order: LR for step t; forward/backward on this rank's
 slice of global batch t (the sparsity gradient hooks mask gradients before backward returns);
@@ -41,13 +41,11 @@ from typing import Any, Callable, Iterator
 import torch
 
 from training import checkpoint as ckpt
-from training.build import LoopSettings, Run, build_run
+from training.build import Run, build_run
 from models.moe import ROUTED_EXPERT as EXPERT  # routed and shared experts alike
 from training.perf import PerfProjector
+from training.plan import MODES, JobPlan, LoopSettings
 from training.safe_files import read_text
-from csx_config import JobSpec
-
-MODES = ("train", "eval", "train_and_eval", "eval_all")
 AFTER_WARMUP = "eval/perplexity_after_warmup"
 # The progress event a resume sends for each damaged checkpoint it passed over.
 SKIPPED_CHECKPOINT = "checkpoint_skipped"
@@ -450,10 +448,11 @@ def _checkpoints_to_evaluate(settings: LoopSettings, model_dir: Path, mode: str)
                          "(and runconfig.checkpoint_path is not set)")
 
 
-def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, world_size: int = 1,
+def train(plan: JobPlan, *, model_dir: str, mode: str = "train", rank: int = 0,
           all_reduce: AllReduce | None = None, tracker: Any = None,
           progress: Callable[[dict], None] | None = None, device: str = "cpu") -> dict:
-    """Run ``mode`` (train | eval | train_and_eval | eval_all) as rank ``rank`` of ``world_size``.
+    """Run ``mode`` (train | eval | train_and_eval | eval_all) as rank ``rank`` of the plan's
+    ``num_csx``.
 
     Returns a summary: steps, train_loss, final/best eval loss and perplexity, eval_history,
     train_losses ([step, loss] of the steps run here), tokens_per_s, the perf projection
@@ -465,15 +464,16 @@ def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, 
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    world_size = plan.num_csx
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        raise ValueError(f"rank must be in [0, num_csx={world_size}), got {rank}")
     where = torch.device(device)
     if where.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: torch sees no CUDA device here")
     folder = Path(model_dir)
     if rank == 0:
         folder.mkdir(parents=True, exist_ok=True)
-    run = build_run(spec, folder, rank, world_size, where)
+    run = build_run(plan, folder, rank, where)
     if rank == 0:
         (folder / "params.yaml").write_text(run.settings.params_yaml, encoding="utf-8")
     summary: dict[str, Any] = {"mode": mode, "eval_history": [], "train_losses": [],

@@ -2,9 +2,9 @@
 
 Admission (the service on every path that queues a job, ``csx run`` before it builds anything)
 compares this estimate with what the workers have, so a model far too big is refused in
-microseconds whatever its size, instead of being built or allocated. ``training.report`` reports
-the same numbers from the model it builds on the meta device; a test keeps the parameter count
-here equal to that model's.
+microseconds whatever its size, instead of being built or allocated: the one memory rule of a
+job. ``training.report`` reports the same numbers from the model it builds on the meta device; a
+test keeps the parameter count here equal to that model's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from csx_config import GLU_NONLINEARITIES, JobSpec
+from csx_config import GLU_NONLINEARITIES, JobSpec, OptimizerSpec
 from training.data import planned_vocab_size
 
 FLOAT_BYTES = 4
@@ -88,15 +88,14 @@ def autocasts(model_keys: dict[str, Any]) -> bool:
     return bool(model_keys.get("mixed_precision")) or bool(model_keys.get("use_bfloat16"))
 
 
-def training_memory(spec: JobSpec, s: Shapes, parameters: int, sparse_weights: int,
-                    num_csx: int, activation_bytes: int) -> dict[str, int]:
+def training_memory(optimizer: OptimizerSpec, batch: int, s: Shapes, parameters: int,
+                    sparse_weights: int, activation_bytes: int) -> dict[str, int]:
     """Bytes one worker needs to train: fp32 weights, gradients and optimizer state, masks,
-    and the activations kept for backward of its batch slice (per layer and token: ~10
-    hidden-size vectors, the FFN's hidden units, the attention scores; plus logits and their
-    gradient), `activation_bytes` each."""
-    name = spec.optimizer.optimizer_type.lower()
-    state_floats = 2 if "adam" in name else 1 if spec.optimizer.momentum else 0
-    batch = spec.train_input.batch_size // num_csx
+    and the activations kept for backward of its slice of `batch` sequences (per layer and
+    token: ~10 hidden-size vectors, the FFN's hidden units, the attention scores; plus logits
+    and their gradient), `activation_bytes` each."""
+    name = optimizer.optimizer_type.lower()
+    state_floats = 2 if "adam" in name else 1 if optimizer.momentum else 0
     per_token_layer = (10 * s.hidden_size + (3 if s.is_glu else 2) * s.filter_size
                        + s.num_heads * s.seq_len)
     activations = batch * s.seq_len * (s.num_hidden_layers * per_token_layer + 2 * s.vocab_size)
@@ -117,8 +116,8 @@ def _estimate(spec: JobSpec, num_csx: int, on_gpu: bool) -> tuple[dict[str, int]
     s = shapes(spec)
     parameters, matrices = parameter_count(spec, s)
     half = on_gpu and autocasts(spec.model.model_extra or {})
-    memory = training_memory(spec, s, parameters, matrices if spec.sparsity is not None else 0,
-                             num_csx, HALF_BYTES if half else FLOAT_BYTES)
+    memory = training_memory(spec.optimizer, spec.train_input.batch_size // num_csx, s, parameters,
+                             matrices if spec.sparsity is not None else 0, HALF_BYTES if half else FLOAT_BYTES)
     return memory, parameters
 
 

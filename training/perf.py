@@ -1,5 +1,5 @@
 """Projected CS-2 performance of a (sparse) model, from its live masks, via the simulator's
-cost model; shared by the training loop (perf/* metrics) and ``validate_plan``."""
+cost model; shared by the training loop (perf/* metrics) and ``training.report``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,14 @@
-"""``csx run --validate_only``: what a job would train, without training it.
+"""What a job's plan would train, without training it: ``csx run --validate_only`` prints it,
+the service stores it with the job.
 
-``validate_plan`` builds the model on the meta device (shapes only, so a 7B model validates in
-seconds without allocating its weights), applies ``sparsity.configure(spec.sparsity)`` and
+``plan_report`` builds the plan's model on the meta device (shapes only, so a 7B model
+validates in seconds without allocating its weights), applies its sparsity section and
 reports: the model and its parameter count; the hardware-only keys not applied here; per
-sparsity group the parameters it matched; per layer the shape, target sparsity and non-zeros;
-dense and sparse FLOPs per token; the projected CS-2 step time, speed-up vs dense and scaling
-efficiency on ``num_csx`` systems (``simulator.cost_model``); and the memory training would take
-on this machine, which ``check_fits`` turns into a refusal before any worker starts.
+sparsity group the parameters it matched (a group matching none is refused here); per layer the
+shape, target sparsity and non-zeros; dense and sparse FLOPs per token; the projected CS-2 step
+time, speed-up vs dense and scaling efficiency on ``num_csx`` systems (``simulator.cost_model``);
+and the memory training would take on this machine (the memory rule that refuses a job is
+training/memory.py's, at admission).
 
 Sparsity, FLOPs and projection are at the level the run ends with: a schedule (GMP, cubic,
 GraNet) reaches it at its last update step up to ``max_steps``; ``schedule`` gives the start
@@ -21,11 +23,10 @@ from typing import Any
 
 from torch import nn
 
-from training import memory
-from training.build import build_sparse_model, model_config, optimizer_class
-from training.data import check_data, planned_shapes
 from models.config import ModelConfig
-from csx_config import JobSpec
+from training import memory
+from training.build import build_sparse_model, optimizer_class
+from training.plan import JobPlan
 
 
 def _attention_context(config: ModelConfig, seq_len: int, layer: int = 1) -> int:
@@ -97,15 +98,14 @@ def _projection(model: nn.Module, densities: dict[str, float], seq_len: int, tok
             "speedup_vs_dense": step.speedup_vs_dense, "scaling_efficiency": step.scaling_efficiency}
 
 
-def training_memory(spec: JobSpec, config: ModelConfig, parameters: int, sparse_weights: int,
-                    seq_len: int, num_csx: int) -> dict[str, int]:
+def training_memory(plan: JobPlan, parameters: int, sparse_weights: int, seq_len: int) -> dict[str, int]:
     """Bytes one worker needs to train (training.memory.training_memory) for the built model."""
-    optimizer_class(spec.optimizer.optimizer_type)  # an unknown name is refused here, by name
-    c = config.widened()
+    optimizer_class(plan.optimizer.optimizer_type)  # an unknown name is refused here, by name
+    c = plan.model.widened()
     shapes = memory.Shapes(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
                            filter_size=c.filter_size, num_hidden_layers=c.num_hidden_layers,
                            num_heads=c.num_heads, is_glu=c.is_glu, seq_len=seq_len)
-    return memory.training_memory(spec, shapes, parameters, sparse_weights, num_csx,
+    return memory.training_memory(plan.optimizer, plan.batch_per_csx, shapes, parameters, sparse_weights,
                                   memory.FLOAT_BYTES)
 
 
@@ -121,29 +121,26 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def validate_plan(spec: JobSpec, num_csx: int) -> dict[str, Any]:
-    """The plan as plain data; ValueError names the problem (batch not divisible by num_csx,
-    a sparsity group matching no parameter, a bad sparsity config, an unknown optimizer)."""
-    batch = spec.train_input.batch_size
-    if num_csx < 1 or batch % num_csx:
-        raise ValueError(f"train_input.batch_size ({batch}) must be divisible by num_csx ({num_csx})")
-    vocab, seq_len = planned_shapes(spec)
-    config = model_config(spec, vocab, seq_len)
-    model, alg = build_sparse_model(spec, config, device="meta")
+def plan_report(plan: JobPlan) -> dict[str, Any]:
+    """The plan as plain data; ValueError names the problem (a sparsity group matching no
+    parameter, a bad sparsity config, an unknown optimizer)."""
+    num_csx, batch, config = plan.num_csx, plan.data.train.batch_size, plan.model
+    seq_len = plan.data.seq_len
+    model, alg = build_sparse_model(config, plan.sparsity, seed=plan.seed, device="meta")
     built, tokens = model.built, batch * seq_len
     start_targets = _targets(alg) if alg is not None else {}
-    final_step, targets = _final_targets(alg, spec.runconfig.max_steps) if alg is not None else (0, {})
+    final_step, targets = _final_targets(alg, plan.loop.max_steps) if alg is not None else (0, {})
     start, start_layers = _at_targets(model, start_targets, seq_len, tokens, num_csx)
     final, layers = _at_targets(model, targets, seq_len, tokens, num_csx)
     for layer, before in zip(layers, start_layers):
         layer["start_sparsity"] = before["sparsity"]
     parameters = model.num_parameters()
-    memory = training_memory(spec, config, parameters, sum(layer["numel"] for layer in layers
-                                                           if layer["sparse"]), seq_len, num_csx)
+    memory = training_memory(plan, parameters, sum(layer["numel"] for layer in layers if layer["sparse"]),
+                             seq_len)
     return {
-        "num_csx": num_csx, "global_batch": batch, "batch_per_csx": batch // num_csx,
+        "num_csx": num_csx, "global_batch": batch, "batch_per_csx": plan.batch_per_csx,
         "seq_len": seq_len, "tokens_per_step": tokens,
-        "not_applied": spec.not_applied(),
+        "not_applied": list(plan.not_applied),
         "model": {**asdict(built), "parameters": parameters, "kv_heads": built.kv_heads,
                   "active_parameters": model.num_active_parameters(),
                   "sparse_wide_sparsity": config.sparse_wide_sparsity},
@@ -201,20 +198,6 @@ def _summary(level: dict[str, Any]) -> dict[str, float]:
     return {"sparsity": level["sparsity"], "sparse_train_flops": level["flops_per_token"]["sparse_train"],
             "speedup_vs_dense": level["projection"]["speedup_vs_dense"],
             "sim_step_ms": level["projection"]["sim_step_ms"]}
-
-
-def check_fits(plan: dict[str, Any], spec: JobSpec) -> None:
-    """Refuse, before any worker starts, a job whose data is missing or malformed, or whose
-    workers (all on this machine) would not fit in its available memory."""
-    memory = plan["memory"]
-    if memory["total"] > memory["available"]:
-        parts = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in memory["per_worker"].items())
-        raise ValueError(
-            f"this job does not fit: {memory['workers']} worker(s) x {memory['per_worker_total'] / 2**30:.1f} GiB "
-            f"({parts} GiB each; {plan['model']['parameters']:,} parameters) = {memory['total'] / 2**30:.1f} GiB, "
-            f"but this machine has {memory['available'] / 2**30:.1f} GiB available. Validate it "
-            "(--validate_only) or train a scaled-down proxy (--set model.num_hidden_layers=2 ...)")
-    check_data(spec)
 
 
 def _model_line(model: dict[str, Any]) -> str:

@@ -9,9 +9,9 @@ import torch
 
 from csx import cli
 from training.checkpoint import load_checkpoint
-from training.build import model_config
+from training.plan import model_config, plan_job
 from models.transformer import build_model
-from training.report import validate_plan
+from training.report import plan_report
 from csx_config import JobSpec
 
 torch.set_num_threads(1)
@@ -54,7 +54,7 @@ def test_bad_params_exit_2_naming_the_field(tmp_path, capsys):
 
 def test_plan_counts_and_unmatched_group():
     spec = JobSpec.from_yaml(RUN_SPEC)
-    plan = validate_plan(spec, num_csx=2)
+    plan = plan_report(plan_job(spec, 2))
     sparse = [layer for layer in plan["layers"] if layer["sparse"]]
     assert len(sparse) == 14 and all(layer["nnz"] == layer["numel"] // 4 for layer in sparse)
     flops = plan["flops_per_token"]
@@ -63,7 +63,7 @@ def test_plan_counts_and_unmatched_group():
         "sparsity: {algorithm: static, sparsity: 0.75}",
         "sparsity: [{param_filter: '*.ffn.*', sparsity: 0.5}, {param_filter: 'encoder.*', sparsity: 0.9}]"))
     with pytest.raises(ValueError, match="group 1 .*matches no parameter"):
-        validate_plan(nothing, num_csx=1)
+        plan_report(plan_job(nothing, 1))
 
 
 def test_run_then_finalize_round_trip(tmp_path, capsys, ray_session):
@@ -111,5 +111,5 @@ def test_examples_load_configure_and_plan(example):
     spec = JobSpec.from_yaml((EXAMPLES / example).read_text())
     assert spec.sparsity is not None
     sparsity.configure(spec.sparsity)
-    plan = validate_plan(spec, num_csx=1)
+    plan = plan_report(plan_job(spec, 1))
     assert plan["groups"] and plan["flops_per_token"]["sparse_train"] > 0

@@ -21,13 +21,13 @@ from csx_config.keys import HINTS, same_spelling, unknown_key_message
 from csx_config.sections import ModelSpec
 from test_model_features import GPT, LLAMA, band, reference_attention, tokens
 from csx import cli
-from training.build import model_config
+from training.plan import model_config, plan_job
 from training.data import planned_shapes
 from models.initializers import variance_scaling_
 from models.moe import load_balancing_loss
 from models.positions import visible_keys
 from models.transformer import build_model
-from training.report import plan_table, validate_plan
+from training.report import plan_report, plan_table
 
 torch.set_num_threads(1)
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "modelzoo_corpus"
@@ -144,7 +144,7 @@ def test_batch_not_divisible_by_num_csx_is_reported_with_the_schema_problems(tmp
     params.write_text(yaml.safe_dump({"train_input": {"batch_size": 5}, "model": {"hiden_size": 8}}))
     assert cli.main(["run", "--params", str(params), "--num_csx", "2", "--validate_only"]) == 2
     err = capsys.readouterr().err
-    assert "2 problems" in err and "batch_size (5) must be divisible by runconfig.num_csx (2)" in err
+    assert "2 problems" in err and "batch_size (5) must divide evenly over num_csx (2)" in err
     assert "did you mean 'hidden_size'" in err
 
 
@@ -359,7 +359,7 @@ def test_published_parameter_counts_within_a_tenth_of_a_percent(path):
 def test_plan_counts_the_flops_of_the_experts_each_token_visits():
     spec = JobSpec.model_validate({"model": {"preset": "tiny", "moe": {"num_experts": 4, "top_k": 2}},
                                    "train_input": {"batch_size": 2, "max_sequence_length": 16}})
-    plan = validate_plan(spec, 1)
+    plan = plan_report(plan_job(spec, 1))
     layers, width, ffn, vocab, seq = 2, 64, 160, 256, 16
     per_layer = 4 * width * width + 4 * width + 2 * 3 * width * ffn  # q, k, v, out; router; 2 of 4 SwiGLU experts
     attention = layers * 2 * 2 * seq * width
@@ -370,9 +370,11 @@ def test_plan_counts_the_flops_of_the_experts_each_token_visits():
     windowed = JobSpec.model_validate({"model": {"preset": "tiny", "attention_sliding_window_length": 4,
                                                  "sliding_window_every_other_decoder_layer": True},
                                        "train_input": {"batch_size": 2, "max_sequence_length": 16}})
-    dense = validate_plan(JobSpec.model_validate({"model": {"preset": "tiny"},
-                                                  "train_input": {"batch_size": 2, "max_sequence_length": 16}}), 1)
-    saved = dense["flops_per_token"]["dense_forward"] - validate_plan(windowed, 1)["flops_per_token"]["dense_forward"]
+    dense = JobSpec.model_validate({"model": {"preset": "tiny"},
+                                    "train_input": {"batch_size": 2, "max_sequence_length": 16}})
+    flops = {name: plan_report(plan_job(spec, 1))["flops_per_token"]["dense_forward"]
+             for name, spec in (("dense", dense), ("windowed", windowed))}
+    saved = flops["dense"] - flops["windowed"]
     assert saved == 2 * 2 * (seq - 4) * width  # layer 1 scores 4 keys instead of 16
 
 
@@ -389,7 +391,7 @@ def test_plan_and_training_project_the_cs2_step_of_the_experts_each_token_visits
     params = {"model": {"preset": "tiny", "moe": {"num_experts": 4, "top_k": 2}},
               "train_input": {"batch_size": tokens // seq, "max_sequence_length": seq}}
     spec = JobSpec.model_validate(params)
-    plan = validate_plan(spec, 1)
+    plan = plan_report(plan_job(spec, 1))
     cluster = WaferScaleCluster(1)
     rate, knobs = cluster.knobs.efficiency * cluster.system.peak_flop_per_s, cluster.knobs
 

@@ -11,12 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training.build import model_config
+from training.plan import model_config, plan_job
 from models.config import ModelConfig
 from models.initializers import initializers
 from models.positions import alibi_slopes, rope_frequencies, rope_tables, visible_keys
 from models.transformer import build_model
-from training.report import plan_table, validate_plan
+from training.report import plan_report, plan_table
 from csx_config import JobSpec
 
 torch.set_num_threads(1)
@@ -312,7 +312,7 @@ def test_the_files_adjust_learning_rate_reaches_the_training_optimizer(tmp_path)
 
     spec = JobSpec.from_yaml("model: {preset: tiny}\ntrain_input: {batch_size: 2, max_sequence_length: 16}\n"
                              "optimizer: {learning_rate: 0.01, adjust_learning_rate: {decoder_kernel: 0.25}}\n")
-    run = build_run(spec, tmp_path, rank=0, world_size=1, device=torch.device("cpu"))
+    run = build_run(plan_job(spec, 1), tmp_path, rank=0, device=torch.device("cpu"))
     names = {id(p): n for n, p in run.model.named_parameters()}
     factor = {names[id(p)]: group["initial_lr"] for group in run.optimizer.param_groups for p in group["params"]}
     kernels = {n for n in factor if n.startswith("transformer_decoder.") and n.endswith(".weight") and "norm" not in n}
@@ -415,7 +415,7 @@ PUBLISHED = [
 @pytest.mark.parametrize("name, keys, published, tolerance", PUBLISHED, ids=[row[0] for row in PUBLISHED])
 def test_parameter_counts_equal_the_published_sizes(name, keys, published, tolerance):
     spec = JobSpec.model_validate({"model": keys, "train_input": {"batch_size": 8}})
-    plan = validate_plan(spec, 1)  # the meta device: no weights are allocated
+    plan = plan_report(plan_job(spec, 1))  # the meta device: no weights are allocated
     assert plan["model"]["parameters"] == pytest.approx(published, rel=tolerance, abs=0)
     assert f"{plan['model']['parameters']:,} parameters" in plan_table(plan)
 
@@ -426,7 +426,7 @@ def _scheduled_plan(sparsity: dict) -> dict:
              "max_position_embeddings": 512}
     spec = JobSpec.model_validate({"model": model, "train_input": {"batch_size": 8, "max_sequence_length": 512},
                                    "runconfig": {"max_steps": 1000}, "sparsity": sparsity})
-    return validate_plan(spec, 1)
+    return plan_report(plan_job(spec, 1))
 
 
 @pytest.mark.parametrize("sparsity", [

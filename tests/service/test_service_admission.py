@@ -21,6 +21,7 @@ from service.models import Job
 from service.settings import Settings
 from service_helpers import (REPO_ROOT, ScriptedLauncher, ServerProcess, health_latencies_during,
                              job_body, job_folder, make_token, wait_status)
+from training.plan import plan_job
 
 
 def _problems(response) -> list[tuple[list, str]]:
@@ -188,7 +189,7 @@ def test_the_admission_estimate_is_the_plans_memory(heads, head_dim, layers, fil
                                                     extras) -> None:
     """Arithmetic on the spec equals what the plan counts on the model it builds (meta)."""
     from training.memory import estimate
-    from training.report import validate_plan
+    from training.report import plan_report
     from csx_config import JobSpec
 
     model = {"hidden_size": heads * head_dim, "num_heads": heads, "num_hidden_layers": layers,
@@ -210,7 +211,7 @@ def test_the_admission_estimate_is_the_plans_memory(heads, head_dim, layers, fil
         "model": model, "train_input": {"batch_size": batch, "max_sequence_length": 16},
         "optimizer": {"optimizer_type": optimizer, "momentum": 0.9 if optimizer == "SGD" else None},
         "sparsity": {"algorithm": "static", "sparsity": 0.5}})
-    plan = validate_plan(spec, 2)
+    plan = plan_report(plan_job(spec, 2))
     assert estimate(spec, 2) == plan["memory"]["per_worker"]
 
 

@@ -41,6 +41,7 @@ from tracking.tracker import (
     run_params,
     unpack_masks,
 )
+from training.plan import plan_job
 
 
 def artifact_dir(client: MlflowClient, run_id: str) -> Path:
@@ -248,14 +249,14 @@ def test_lr_schedule_is_one_line_per_phase_without_unset_keys():
 
 def test_job_params_hold_the_model_as_built():
     """A preset fills the sizes the file leaves out; the params say what was built."""
-    from training.build import model_config
+    from training.plan import model_config
     from training.data import planned_shapes
     from csx_config import JobSpec
 
     spec = JobSpec.from_yaml("model: {preset: mini, num_hidden_layers: 3}\n"
                              "train_input: {batch_size: 4, max_sequence_length: 16}\n")
     built = model_config(spec, *planned_shapes(spec))
-    params = job_params(spec, num_csx=2)
+    params = job_params(plan_job(spec, 2))
     assert (built.hidden_size, built.num_hidden_layers, built.vocab_size) == (128, 3, 256)
     for key in ("hidden_size", "num_hidden_layers", "num_heads", "filter_size", "vocab_size",
                 "norm_type", "position_embedding_type", "max_position_embeddings"):

@@ -22,6 +22,7 @@ from csx_config import JobSpec
 from training import checkpoint as ckpt
 from training.loop import SKIPPED_CHECKPOINT, train
 from training_helpers import same_state
+from training.plan import plan_job
 
 torch.set_num_threads(1)
 
@@ -173,12 +174,12 @@ def test_a_resume_past_a_damaged_checkpoint_continues_bit_identically(tmp_path):
     checkpoint_4 flipped resumes from checkpoint_2 and rewrites both exactly."""
     reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
     spec = JobSpec.from_yaml(SPEC)
-    reference = train(spec, model_dir=str(reference_dir))
+    reference = train(plan_job(spec), model_dir=str(reference_dir))
     shutil.copytree(reference_dir, resumed_dir)
     _damage(ckpt.checkpoint_path(resumed_dir, 6), "truncated")
     _damage(ckpt.checkpoint_path(resumed_dir, 4), "one flipped bit")
     events: list[dict] = []
-    resumed = train(spec, model_dir=str(resumed_dir), progress=events.append)
+    resumed = train(plan_job(spec), model_dir=str(resumed_dir), progress=events.append)
     # The warnings reach the job's log (through progress), not only the worker's stderr.
     skipped = [e["reason"] for e in events if e.get("event") == SKIPPED_CHECKPOINT]
     assert skipped == resumed["skipped_checkpoints"] and len(skipped) == 2

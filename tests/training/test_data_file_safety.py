@@ -113,7 +113,7 @@ def test_a_planted_tokenizer_file_in_the_model_dir_is_refused(tmp_path):
     os.mkfifo(planted)
     try:
         with pytest.raises(RefusedFile, match=r"tokenizer\.json' is a named pipe"):
-            _within_deadline(lambda: load_tokenizer(spec, tmp_path, ["some text"], save=True))
+            _within_deadline(lambda: load_tokenizer(spec.model.tokenizer, tmp_path, ["some text"], save=True))
     finally:  # a writer the old code left blocked gets a reader and returns
         try:
             os.close(os.open(planted, os.O_RDONLY | os.O_NONBLOCK))
@@ -122,4 +122,4 @@ def test_a_planted_tokenizer_file_in_the_model_dir_is_refused(tmp_path):
     planted.unlink()
     planted.symlink_to(tmp_path.parent / "someone-elses-tokenizer.json")
     with pytest.raises(RefusedFile, match="links out of its folder"):
-        load_tokenizer(spec, tmp_path, ["some text"], save=True)
+        load_tokenizer(spec.model.tokenizer, tmp_path, ["some text"], save=True)

@@ -10,6 +10,7 @@ import torch
 from csx_config import JobSpec
 from training.checkpoint import load_checkpoint
 from training.loop import train
+from training.plan import plan_job
 
 SPEC = """
 train_input: {batch_size: 8, max_sequence_length: 32}
@@ -31,12 +32,12 @@ def one_thread():
 
 def test_values_training_resumes_bit_identically_and_follows_masked_dense(tmp_path):
     spec = JobSpec.from_yaml(SPEC)
-    straight = train(spec, model_dir=str(tmp_path / "straight"), mode="train")
+    straight = train(plan_job(spec), model_dir=str(tmp_path / "straight"), mode="train")
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
     for name in ("checkpoint_4.mdl", "tokenizer.json"):
         shutil.copy(tmp_path / "straight" / name, resumed_dir)
-    resumed = train(spec, model_dir=str(resumed_dir), mode="train")
+    resumed = train(plan_job(spec), model_dir=str(resumed_dir), mode="train")
     assert resumed["train_losses"] == straight["train_losses"][4:]
     assert resumed["mask_hashes"] == straight["mask_hashes"]
     expected, got = (load_checkpoint(d / "checkpoint_8.mdl")
@@ -48,7 +49,7 @@ def test_values_training_resumes_bit_identically_and_follows_masked_dense(tmp_pa
         for key, tensor in state.items():
             assert torch.equal(tensor, got["optimizer"]["state"][index][key]), (index, key)
     dense_spec = JobSpec.from_yaml(SPEC.replace("sparse_kernel: csr", "sparse_kernel: dense"))
-    dense = train(dense_spec, model_dir=str(tmp_path / "dense"), mode="train")
+    dense = train(plan_job(dense_spec), model_dir=str(tmp_path / "dense"), mode="train")
     dense_checkpoint = load_checkpoint(tmp_path / "dense" / "checkpoint_8.mdl")
     assert dense_checkpoint["model"].keys() == expected["model"].keys()
     for index, state in dense_checkpoint["optimizer"]["state"].items():
@@ -62,7 +63,7 @@ def test_values_training_resumes_bit_identically_and_follows_masked_dense(tmp_pa
 def test_the_all_reduce_carries_the_values_gradients_on_ordinary_steps(tmp_path):
     shapes = []
     spec = JobSpec.from_yaml(SPEC.replace("max_steps: 8", "max_steps: 2"))
-    train(spec, model_dir=str(tmp_path), mode="train",
+    train(plan_job(spec), model_dir=str(tmp_path), mode="train",
           all_reduce=lambda tensors: shapes.append([tuple(t.shape) for t in tensors]))
     first_step = shapes[0]
     assert (256, 64) in first_step  # the embedding's (dense) gradient

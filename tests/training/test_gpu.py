@@ -16,6 +16,7 @@ import torch
 from csx_config import JobSpec
 from training.checkpoint import checkpoint_path, load_checkpoint
 from training.loop import CALIBRATION_FILE, train
+from training.plan import plan_job
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device: the GPU tests run in `make gpu-check`")
@@ -37,8 +38,8 @@ def spec(*overrides: str) -> JobSpec:
 
 
 def test_a_seeded_gpu_run_starts_from_the_cpu_runs_masks_and_follows_its_losses(tmp_path):
-    cpu = train(spec(), model_dir=str(tmp_path / "cpu"), device="cpu")
-    gpu = train(spec(), model_dir=str(tmp_path / "gpu"), device="cuda")
+    cpu = train(plan_job(spec()), model_dir=str(tmp_path / "cpu"), device="cpu")
+    gpu = train(plan_job(spec()), model_dir=str(tmp_path / "gpu"), device="cuda")
     assert gpu["device"] == "cuda" and gpu["precision"] == "float32"
     assert gpu["mask_hashes"][0] == cpu["mask_hashes"][0]  # masks drawn on the CPU, moved
     (_, first_cpu), (_, first_gpu) = cpu["train_losses"][0], gpu["train_losses"][0]
@@ -49,14 +50,14 @@ def test_a_seeded_gpu_run_starts_from_the_cpu_runs_masks_and_follows_its_losses(
 
 
 def test_auto_kernel_is_masked_dense_on_cuda_without_a_cpu_calibration(tmp_path):
-    summary = train(spec("runconfig.sparse_kernel=auto", "runconfig.max_steps=2"),
+    summary = train(plan_job(spec("runconfig.sparse_kernel=auto", "runconfig.max_steps=2")),
                     model_dir=str(tmp_path), device="cuda")
     assert set(summary["kernels"].values()) == {"dense"}
     assert not (tmp_path / CALIBRATION_FILE).exists()
 
 
 def test_bf16_autocast_is_applied_and_masked_weights_stay_zero(tmp_path):
-    summary = train(spec("model.mixed_precision=true", "model.fp16_type=bfloat16"),
+    summary = train(plan_job(spec("model.mixed_precision=true", "model.fp16_type=bfloat16")),
                     model_dir=str(tmp_path), device="cuda")
     assert summary["precision"].startswith("bf16 autocast")
     assert all(math.isfinite(loss) for _, loss in summary["train_losses"])
@@ -67,21 +68,20 @@ def test_bf16_autocast_is_applied_and_masked_weights_stay_zero(tmp_path):
 def test_fp16_loss_scaling_is_checkpointed_and_a_resume_continues(tmp_path):
     fp16 = ("model.mixed_precision=true", "model.fp16_type=float16",
             "optimizer.loss_scaling_factor=dynamic", "optimizer.initial_loss_scale=1024")
-    first = train(spec(*fp16), model_dir=str(tmp_path), device="cuda")
+    first = train(plan_job(spec(*fp16)), model_dir=str(tmp_path), device="cuda")
     assert first["precision"].startswith("fp16 autocast, dynamic loss scaling from 1024")
     scaler = load_checkpoint(checkpoint_path(tmp_path, 10))["grad_scaler"]
     assert scaler["scale"] > 0
-    resumed = train(spec(*fp16, "runconfig.max_steps=15"), model_dir=str(tmp_path),
-                    device="cuda")
+    resumed = train(plan_job(spec(*fp16, "runconfig.max_steps=15")), model_dir=str(tmp_path), device="cuda")
     assert [step for step, _ in resumed["train_losses"]] == list(range(11, 16))
 
 
 def test_resume_on_gpu_follows_the_uninterrupted_run(tmp_path):
     """Exact on CPU (test_runner_train); on CUDA within float tolerance, since cuBLAS may
     reduce in another order from one run to the next."""
-    whole = train(spec(), model_dir=str(tmp_path / "whole"), device="cuda")
-    train(spec("runconfig.max_steps=5"), model_dir=str(tmp_path / "split"), device="cuda")
-    rest = train(spec(), model_dir=str(tmp_path / "split"), device="cuda")
+    whole = train(plan_job(spec()), model_dir=str(tmp_path / "whole"), device="cuda")
+    train(plan_job(spec("runconfig.max_steps=5")), model_dir=str(tmp_path / "split"), device="cuda")
+    rest = train(plan_job(spec()), model_dir=str(tmp_path / "split"), device="cuda")
     assert [step for step, _ in rest["train_losses"]] == list(range(6, 11))
     for (_, ours), (_, theirs) in zip(rest["train_losses"], whole["train_losses"][5:]):
         assert ours == pytest.approx(theirs, rel=1e-3)

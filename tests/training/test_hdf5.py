@@ -14,6 +14,7 @@ from training.hdf5 import HDF5BatchSampler, HDF5EvalBatches, HDF5Samples
 from training.data import check_data, load_data
 from csx_config import JobSpec
 from training_helpers import preprocess_texts
+from training.plan import plan_job
 
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(40))
 
@@ -66,12 +67,13 @@ train_input: {{data_dir: "{tmp_path / 'corpus.txt'}", batch_size: 2, max_sequenc
 model: {{preset: tiny, tokenizer: {{type: bpe, vocab_file: "{vocab}"}}}}
 runconfig: {{eval_steps: 1}}
 """)
-    data = load_data(spec, None)
+    data = load_data(plan_job(spec).data, None)
     assert data.vocab_size == BPETokenizer.from_files(str(vocab), None).vocab_size
     assert data.tokenizer_json["type"] == "bpe" and int(data.sampler.next_batch()[0].max()) < data.vocab_size
     with pytest.raises(ValueError, match="does not exist"):
-        load_data(spec.model_copy(update={"model": spec.model.model_copy(
-            update={"tokenizer": spec.model.tokenizer.model_copy(update={"vocab_file": "/no/such.json"})})}), None)
+        missing = spec.model.tokenizer.model_copy(update={"vocab_file": "/no/such.json"})
+        load_data(plan_job(spec.model_copy(update={"model": spec.model.model_copy(
+            update={"tokenizer": missing})})).data, None)
 
 
 def test_sampler_shards_deterministically_over_several_dirs(corpus):
@@ -112,7 +114,7 @@ eval_input: {{data_dir: "{corpus / 'b'}", batch_size: 4}}
 model: {{vocab_size: 256}}
 runconfig: {{eval_steps: 2}}
 """)
-    data = load_data(spec, None, rank=1, world_size=2)
+    data = load_data(plan_job(spec, 2).data, None, rank=1, world_size=2)
     assert data.vocab_size == 256 and data.sampler.seq_len == 16 and data.tokenizer_json["type"] == "pretokenized"
     assert data.sampler.next_batch()[0].shape == (2, 16) and len(data.eval_data) == 2
     assert [inputs.shape for inputs, _ in data.eval_data] == [(2, 16), (2, 16)]
@@ -123,19 +125,20 @@ def test_bad_data_dirs_are_named(corpus, tmp_path):
         return JobSpec.from_yaml(f'train_input: {{data_processor: GptHDF5DataProcessor, data_dir: "{train_dir}"{extra}}}')
 
     with pytest.raises(ValueError, match="data_dir .*does not exist"):
-        check_data(spec(tmp_path / "missing"))
+        check_data(plan_job(spec(tmp_path / "missing")).data)
     with pytest.raises(ValueError, match="holds no .h5 files"):
-        check_data(spec(tmp_path))
+        check_data(plan_job(spec(tmp_path)).data)
     bad = tmp_path / "bad"
     bad.mkdir()
     with h5py.File(bad / "data-0.h5", "w") as handle:
         handle.create_dataset("data", data=np.zeros((4, 16), dtype=np.int32))
     with pytest.raises(ValueError, match=r"shape \[n, 3, msl\]"):
-        check_data(spec(bad))
+        check_data(plan_job(spec(bad)).data)
     (bad / "data-0.h5").write_text("not hdf5")
     with pytest.raises(ValueError, match="not a readable HDF5 file"):
-        check_data(spec(bad))
+        check_data(plan_job(spec(bad)).data)
     with pytest.raises(ValueError, match="max_sequence_length is 32.*sequences of 16"):
-        check_data(spec(corpus / "a", ", max_sequence_length: 32"))
+        check_data(plan_job(spec(corpus / "a", ", max_sequence_length: 32")).data)
     with pytest.raises(ValueError, match="text data takes one data_dir"):
-        check_data(JobSpec.from_yaml(f'train_input: {{data_dir: ["{tmp_path}", "{tmp_path}"]}}'))
+        two_dirs = JobSpec.from_yaml(f'train_input: {{data_dir: ["{tmp_path}", "{tmp_path}"]}}')
+        check_data(plan_job(two_dirs).data)

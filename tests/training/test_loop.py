@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from training.build import loop_settings
 from training.checkpoint import list_checkpoints, load_checkpoint
 from csx_config import JobSpec
 from training.loop import AFTER_WARMUP, _MetricLog, _record_eval, train
 from training_helpers import same_state
+from training.plan import loop_settings, plan_job
 
 torch.set_num_threads(1)  # the fresh process below uses one thread too: same float reductions
 
@@ -47,7 +47,8 @@ def reference(tmp_path_factory):
     """20 RigL steps straight through, checkpoints at 10 and 20."""
     model_dir = tmp_path_factory.mktemp("reference")
     tracker = FakeTracker()
-    summary = train(JobSpec.from_yaml(SPEC), model_dir=str(model_dir), mode="train_and_eval", tracker=tracker)
+    summary = train(plan_job(JobSpec.from_yaml(SPEC)), model_dir=str(model_dir), mode="train_and_eval",
+                    tracker=tracker)
     return model_dir, summary, tracker
 
 
@@ -116,7 +117,9 @@ def test_resume_in_fresh_process_is_bit_identical(reference, tmp_path):
         torch.set_num_threads(1)
         from csx_config import JobSpec
         from training.loop import train
-        summary = train(JobSpec.from_yaml(sys.stdin.read()), model_dir={str(resumed_dir)!r}, mode="train")
+        from training.plan import plan_job
+        summary = train(plan_job(JobSpec.from_yaml(sys.stdin.read())), model_dir={str(resumed_dir)!r},
+                        mode="train")
         print(json.dumps({{"losses": summary["train_losses"], "hashes": summary["mask_hashes"]}}))
     """)
     out = subprocess.run([sys.executable, "-c", code], input=SPEC, capture_output=True, text=True, check=True)
@@ -134,11 +137,11 @@ def test_resume_in_fresh_process_is_bit_identical(reference, tmp_path):
 def test_same_seed_same_losses_and_masks(reference, tmp_path):
     _, summary, _ = reference
     spec = JobSpec.from_yaml(SPEC)
-    again = train(spec, model_dir=str(tmp_path / "again"))
+    again = train(plan_job(spec), model_dir=str(tmp_path / "again"))
     assert again["train_losses"] == summary["train_losses"]
     assert again["mask_hashes"] == summary["mask_hashes"]
-    other = train(spec.model_copy(update={"runconfig": spec.runconfig.model_copy(update={"seed": 1})}),
-                  model_dir=str(tmp_path / "other"))
+    reseeded = spec.model_copy(update={"runconfig": spec.runconfig.model_copy(update={"seed": 1})})
+    other = train(plan_job(reseeded), model_dir=str(tmp_path / "other"))
     assert other["mask_hashes"][0][1] != summary["mask_hashes"][0][1]
 
 
@@ -147,20 +150,20 @@ def test_same_seed_same_losses_with_dropout(tmp_path):
     ran before in the process does not change the losses."""
     spec = JobSpec.from_yaml(SPEC.replace("max_steps: 20", "max_steps: 3").replace(
         "model: {preset: tiny}", "model: {preset: tiny, dropout_rate: 0.1}"))
-    first = train(spec, model_dir=str(tmp_path / "a"), mode="train")["train_losses"]
+    first = train(plan_job(spec), model_dir=str(tmp_path / "a"), mode="train")["train_losses"]
     torch.rand(1000)  # other work in the same process moves the global generator on
-    second = train(spec, model_dir=str(tmp_path / "b"), mode="train")["train_losses"]
+    second = train(plan_job(spec), model_dir=str(tmp_path / "b"), mode="train")["train_losses"]
     assert first == second
 
 
 def test_eval_and_eval_all(reference):
     model_dir, summary, _ = reference
-    every = train(JobSpec.from_yaml(SPEC), model_dir=str(model_dir), mode="eval_all")
+    every = train(plan_job(JobSpec.from_yaml(SPEC)), model_dir=str(model_dir), mode="eval_all")
     assert [e["step"] for e in every["eval_history"]] == [10, 20]
     # the same fixed eval batches as during training, on the same weights
     assert [e["loss"] for e in every["eval_history"]] == pytest.approx(
         [e["loss"] for e in summary["eval_history"]], rel=1e-6)
-    latest = train(JobSpec.from_yaml(SPEC), model_dir=str(model_dir), mode="eval")
+    latest = train(plan_job(JobSpec.from_yaml(SPEC)), model_dir=str(model_dir), mode="eval")
     assert latest["final_eval_loss"] == every["eval_history"][-1]["loss"]
 
 
@@ -171,7 +174,7 @@ def test_all_reduce_hook_sees_gradients_then_loss(tmp_path):
         calls.append([tuple(t.shape) for t in tensors])
 
     spec = JobSpec.from_yaml(SPEC.replace("max_steps: 20", "max_steps: 2"))
-    train(spec, model_dir=str(tmp_path), all_reduce=all_reduce)
+    train(plan_job(spec), model_dir=str(tmp_path), all_reduce=all_reduce)
     calibration, *steps = calls  # the job's kernel calibration is agreed on first
     assert len(calibration) == 1 and len(calibration[0]) == 1
     assert len(steps) == 2 and steps[0][-1] == (1,)  # the loss rides along with the grads
@@ -181,13 +184,14 @@ def test_all_reduce_hook_sees_gradients_then_loss(tmp_path):
 def test_bad_inputs_raise_naming_the_problem(tmp_path):
     spec = JobSpec.from_yaml(SPEC)
     with pytest.raises(ValueError, match=r"batch_size \(8\).*num_csx \(3\)"):
-        train(spec, model_dir=str(tmp_path), rank=0, world_size=3)
+        train(plan_job(spec, 3), model_dir=str(tmp_path), rank=0)
     with pytest.raises(ValueError, match="mode"):
-        train(spec, model_dir=str(tmp_path), mode="predict")
+        train(plan_job(spec), model_dir=str(tmp_path), mode="predict")
     with pytest.raises(ValueError, match="needs a checkpoint"):
-        train(spec, model_dir=str(tmp_path / "empty"), mode="eval")
+        train(plan_job(spec), model_dir=str(tmp_path / "empty"), mode="eval")
     with pytest.raises(ValueError, match="optimizer.optimizer_type"):
-        train(JobSpec.from_yaml(SPEC.replace("optimizer_type: AdamW", "optimizer_type: Adamz")), model_dir=str(tmp_path))
+        train(plan_job(JobSpec.from_yaml(SPEC.replace("optimizer_type: AdamW", "optimizer_type: Adamz"))),
+              model_dir=str(tmp_path))
 
 
 def test_dense_run_without_sparsity(tmp_path):
@@ -195,7 +199,7 @@ def test_dense_run_without_sparsity(tmp_path):
         "sparsity: {algorithm: rigl, sparsity: 0.8, update: {freq: 5, stop: 16}, drop_fraction: 0.3}\n", "")
         .replace("max_steps: 20", "max_steps: 2"))
     assert spec.sparsity is None
-    summary = train(spec, model_dir=str(tmp_path), mode="train_and_eval")
+    summary = train(plan_job(spec), model_dir=str(tmp_path), mode="train_and_eval")
     assert summary["mask_hashes"] == [] and "kernels" not in summary
     assert summary["speedup_vs_dense"] == pytest.approx(1.0) and summary["final_eval_loss"] > 0
 
@@ -264,7 +268,7 @@ def test_a_moe_run_shows_router_load_and_each_experts_sparsity_in_mlflow(tmp_pat
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this
     tracking_uri = (tmp_path / "mlruns").as_uri()
     tracker = Tracker("moe-metrics", tracking_uri=tracking_uri)
-    train(JobSpec.from_yaml(MOE_SPEC), model_dir=str(tmp_path / "run"), rank=0, world_size=2,
+    train(plan_job(JobSpec.from_yaml(MOE_SPEC), 2), model_dir=str(tmp_path / "run"), rank=0,
           all_reduce=all_reduce, tracker=tracker)
     tracker.flush()
     client = MlflowClient(tracking_uri=tracking_uri)

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from csx import cli
-from training.report import validate_plan
+from training.report import plan_report
 from csx_config import JobSpec
+from training.plan import plan_job
 
 MODELZOO = Path(__file__).resolve().parents[2] / "examples" / "modelzoo"
 FILES = sorted(p.name for p in MODELZOO.glob("*.yaml"))
@@ -50,7 +51,7 @@ def test_modelzoo_file_validates_unchanged_and_selects_what_modelzoo_selects(nam
     out = capsys.readouterr().out
     assert "not applied here (hardware-only keys):" in out and "model.mixed_precision" in out
     data = yaml.safe_load(text)
-    plan = validate_plan(JobSpec.from_yaml(text), num_csx=4)
+    plan = plan_report(plan_job(JobSpec.from_yaml(text), 4))
     expected = selected_by_file(data["sparsity"], modelzoo_weight_names(data["model"]))
     sparse = {layer["name"] for layer in plan["layers"] if layer["sparse"]}
     assert sparse == expected and len(expected) >= 72
@@ -61,12 +62,14 @@ def test_modelzoo_file_validates_unchanged_and_selects_what_modelzoo_selects(nam
 
 
 def test_plan_numbers_follow_the_file():
-    plan = validate_plan(JobSpec.from_yaml((MODELZOO / "params_llama2_7b_rigl80.yaml").read_text()), num_csx=16)
+    llama = JobSpec.from_yaml((MODELZOO / "params_llama2_7b_rigl80.yaml").read_text())
+    plan = plan_report(plan_job(llama, 16))
     assert plan["model"]["parameters"] == 6_738_415_616 and plan["seq_len"] == 4096
     q = next(layer for layer in plan["layers"] if layer["name"].endswith("layers.0.self_attn.proj_q_dense_layer.weight"))
     assert q["shape"] == [4096, 4096] and q["nnz"] == 4096 * 4096 - round(0.8 * 4096 * 4096)
     assert plan["batch_per_csx"] == 64
-    granet = validate_plan(JobSpec.from_yaml((MODELZOO / "params_gpt3_xl_granet_cubic.yaml").read_text()), num_csx=1)
+    granet_spec = JobSpec.from_yaml((MODELZOO / "params_gpt3_xl_granet_cubic.yaml").read_text())
+    granet = plan_report(plan_job(granet_spec, 1))
     sparse = [layer for layer in granet["layers"] if layer["sparse"]]
     assert {layer["start_sparsity"] for layer in sparse} == {0.5}  # cubic starts at 50%
     # ... and its last update (stop 18000 is exclusive: step 17000) is 1/18 of the ramp from 80%

@@ -20,9 +20,10 @@ from csx import cli
 from training.checkpoint import checkpoint_path, load_checkpoint
 from training.build import build_sparse_model
 from models.config import ModelConfig
-from training.report import validate_plan
+from training.report import plan_report
 from workers.runner import run_job
 from training_helpers import preprocess_texts
+from training.plan import plan_job
 
 # The per-rank loop below runs inside Ray actors, which cannot import this test module.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -115,7 +116,8 @@ def test_mixtral_proxy_trains_rigl_inside_each_expert_with_per_expert_sparsity(h
 
     final = load_checkpoint(checkpoint_path(run_dir, 20))
     spec = JobSpec.model_validate(final["spec"])
-    start, _ = build_sparse_model(spec, ModelConfig(**final["model_config"]))
+    start, _ = build_sparse_model(ModelConfig(**final["model_config"]), plan_job(spec).sparsity,
+                                  seed=spec.runconfig.seed)
     initial = dict(start.named_buffers())
     masks = {name: mask for name, mask in final["model"].items() if name.endswith("_mask")}
     assert not any("gate" in name for name in masks)
@@ -176,13 +178,13 @@ def train_families_in_turn(specs: dict[str, JobSpec]):
     """A per-rank loop for the runner: the real loop (training.loop.train) on each family's
     spec in turn, in one group of 2 actors. Each rank writes what its replica ended with
     (mask hashes at every update, final density per layer) to rank<r>.json."""
-    def train_each(spec, *, model_dir, rank, **loop_args):
+    def train_each(plan, *, model_dir, rank, **loop_args):
         from training.loop import train
 
-        del spec  # the runner's spec only sized the group; each family brings its own
+        del plan  # the runner's plan only sized the group; each family brings its own
         ended = {}
         for family, family_spec in specs.items():
-            summary = train(family_spec, model_dir=f"{model_dir}/{family}", rank=rank, **loop_args)
+            summary = train(plan_job(family_spec), model_dir=f"{model_dir}/{family}", rank=rank, **loop_args)
             ended[family] = {key: summary[key] for key in ("steps", "train_loss", "mask_hashes", "layer_density")}
         Path(model_dir, f"rank{rank}.json").write_text(json.dumps(ended))
         return {}
@@ -196,7 +198,7 @@ def families_trained_in_one_job(hdf5_data, tmp_path_factory, ray_session):
                                        [*_proxy_overrides(hdf5_data, keys), "runconfig.num_csx=2"])
              for family, (path, keys, _) in FAMILIES_IN_ONE_JOB.items()}
     model_dir = tmp_path_factory.mktemp("families-one-job")
-    run_job(next(iter(specs.values())), num_csx=2, model_dir=str(model_dir), tracking=False,
+    run_job(plan_job(next(iter(specs.values())), 2), model_dir=str(model_dir), tracking=False,
             train_fn=train_families_in_turn(specs))
     return specs, [json.loads((model_dir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
@@ -215,7 +217,7 @@ def test_every_family_trains_in_one_2_system_job_each_layer_at_target_replicas_e
         assert steps == [0, 5, 10, 15, 20]
         assert len({digest for _, digest in replica0["mask_hashes"]}) == 5  # every update moved them
     # Every layer at the level the plan schedules for it (the file's target), on both replicas.
-    plan = validate_plan(specs[family], 2)
+    plan = plan_report(plan_job(specs[family], 2))
     features = FAMILIES_IN_ONE_JOB[family][2]
     assert {key: plan["model"][key] for key in features} == features
     planned = {layer["name"]: layer["sparsity"] for layer in plan["layers"] if layer["sparse"]}

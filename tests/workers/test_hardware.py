@@ -25,6 +25,7 @@ from workers.hardware import (
     usable_cores,
 )
 from training.precision import resolve_precision
+from training.plan import plan_job
 
 TWO_CORES = [Node("10.0.0.1", systems=2, cpus=2, gpus=0, memory_bytes=8 * 2**30)]
 
@@ -208,7 +209,7 @@ def test_training_on_cuda_without_a_cuda_device_is_refused(tmp_path):
     from training.loop import train
 
     with pytest.raises(ValueError, match="device 'cuda': torch sees no CUDA device"):
-        train(JobSpec.from_yaml("model: {preset: tiny}"), model_dir=str(tmp_path), device="cuda")
+        train(plan_job(JobSpec.from_yaml("model: {preset: tiny}")), model_dir=str(tmp_path), device="cuda")
 
 
 def test_the_loop_autocasts_and_scales_the_loss_as_its_precision_says(tmp_path, monkeypatch):
@@ -225,12 +226,12 @@ def test_the_loop_autocasts_and_scales_the_loss_as_its_precision_says(tmp_path, 
     text = ("train_input: {batch_size: 4, max_sequence_length: 16}\nmodel: {preset: tiny}\n"
             "sparsity: {algorithm: rigl, sparsity: 0.5, update: {freq: 2}}\n"
             "runconfig: {max_steps: 4, checkpoint_steps: 2, log_steps: 2, sparse_kernel: dense}\n")
-    first = loop.train(JobSpec.from_yaml(text), model_dir=str(tmp_path))
+    first = loop.train(plan_job(JobSpec.from_yaml(text)), model_dir=str(tmp_path))
     assert first["precision"] == "bf16 + scaler (test)"
     assert [step for step, _ in first["mask_hashes"]] == [0, 2, 4]  # no step skipped
     scale = load_checkpoint(checkpoint_path(tmp_path, 4))["grad_scaler"]["scale"]
     assert scale == 512.0  # grew once: 3 finite steps of growth_interval 3
-    resumed = loop.train(JobSpec.from_yaml(text.replace("max_steps: 4", "max_steps: 6")),
+    resumed = loop.train(plan_job(JobSpec.from_yaml(text.replace("max_steps: 4", "max_steps: 6"))),
                          model_dir=str(tmp_path))
     assert [step for step, _ in resumed["train_losses"]] == [5, 6]
     assert load_checkpoint(checkpoint_path(tmp_path, 6))["grad_scaler"]["scale"] == 1024.0

@@ -58,7 +58,7 @@ from sqlalchemy import create_engine, func, select
 
 from recovery import run_recovery  # bench/, this script's folder
 from service.db import upgrade_database
-from service.local_stack import HOST, StackProcess, free_port, wait_until_up
+from service.processes import HOST, StackProcess, free_port, wait_until_up
 from service.models import Job
 
 ROOT = Path(__file__).resolve().parents[1]

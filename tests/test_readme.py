@@ -116,7 +116,7 @@ def test_a_copied_store_opens_with_the_readme_line_after_the_original_is_gone(tm
     import torch
     from mlflow import MlflowClient
 
-    from service.local_stack import (
+    from service.processes import (
         MLFLOW_ARTIFACTS,
         MLFLOW_STORE,
         StackProcess,

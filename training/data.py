@@ -19,7 +19,6 @@ from training.safe_files import read_text
 
 if TYPE_CHECKING:
     from training.hdf5 import HDF5BatchSampler, HDF5Samples
-    from training.plan import DataPlan, InputPlan
     from training.text import BatchSampler, Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -69,6 +68,34 @@ def planned_shapes(spec: JobSpec) -> tuple[int, int]:
     if seq_len is None and is_hdf5(train, train.data_dirs()) and has_h5_files(train.data_dirs()):
         seq_len = _hdf5_samples(train, train.data_dirs(), "train_input").seq_len
     return planned_vocab_size(spec), seq_len or spec.model.resolved()["max_position_embeddings"]
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """One input section as the data loader reads it."""
+
+    section: str  # "train_input" or "eval_input", for messages
+    data_processor: str | None  # None: HDF5 when the folders hold .h5 files, else text
+    data_dirs: tuple[str, ...]
+    batch_size: int  # global, split evenly over the systems
+    max_sequence_length: int | None
+    shuffle: bool
+    shuffle_seed: int
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """The job's data: its inputs, how many eval batches, the tokenizer of text data, and the
+    model's vocabulary and positions the data must fit."""
+
+    train: InputPlan
+    eval: InputPlan
+    eval_steps: int
+    tokenizer: TokenizerSpec
+    requested_vocab_size: int | None  # model.vocab_size as the file gives it (text: None is the tokenizer's)
+    model_vocab_size: int  # the resolved model's (HDF5 data is tokenized for it)
+    max_position_embeddings: int  # a text run without max_sequence_length trains at this length
+    seq_len: int  # as planned: max_sequence_length, else the HDF5 data's (when there), else the above
 
 
 @dataclass

@@ -18,40 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from csx_config import MAX_CSX, JobSpec, OptimizerSpec, TokenizerSpec, batch_split_problem
+from csx_config import MAX_CSX, JobSpec, OptimizerSpec, batch_split_problem
 from csx_config.schedulers import warmup_steps
 from models.config import ModelConfig
-from training.data import planned_shapes
+from training.data import DataPlan, InputPlan, planned_shapes
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")
-
-
-@dataclass(frozen=True)
-class InputPlan:
-    """One input section as the data loader reads it."""
-
-    section: str  # "train_input" or "eval_input", for messages
-    data_processor: str | None  # None: HDF5 when the folders hold .h5 files, else text
-    data_dirs: tuple[str, ...]
-    batch_size: int  # global, split evenly over the systems
-    max_sequence_length: int | None
-    shuffle: bool
-    shuffle_seed: int
-
-
-@dataclass(frozen=True)
-class DataPlan:
-    """The job's data: its inputs, how many eval batches, the tokenizer of text data, and the
-    model's vocabulary and positions the data must fit."""
-
-    train: InputPlan
-    eval: InputPlan
-    eval_steps: int
-    tokenizer: TokenizerSpec
-    requested_vocab_size: int | None  # model.vocab_size as the file gives it (text: None is the tokenizer's)
-    model_vocab_size: int  # the resolved model's (HDF5 data is tokenized for it)
-    max_position_embeddings: int  # a text run without max_sequence_length trains at this length
-    seq_len: int  # as planned: max_sequence_length, else the HDF5 data's (when there), else the above
 
 
 @dataclass(frozen=True)

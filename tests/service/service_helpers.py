@@ -31,7 +31,7 @@ from fastapi.testclient import TestClient
 
 from service import crud, joblogs
 from service.db import make_engine, upgrade_database
-from service.local_stack import StackProcess, descendants, free_port, wait_until_up
+from service.processes import StackProcess, descendants, free_port, wait_until_up
 from service.models import Base, Job
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

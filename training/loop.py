@@ -10,14 +10,8 @@ and update masks on update steps); mask hash on update steps; evaluation every
 ``eval_frequency``; checkpoint every ``checkpoint_steps`` (rank 0); metrics every ``log_steps``
 (rank 0, through the tracker).
 
-Resume is exact: the newest checkpoint in ``model_dir`` (else ``runconfig.checkpoint_path``)
-restores weights and masks, optimizer, sparsity state, LR scheduler, RNG and data position, so
-an interrupted run continues bit-identically. A run trains ``max_steps`` steps from the start of
-its *phase*. A checkpoint that cannot be resumed exactly (no optimizer state: a finalized or
-cstorch NaN-sentinel one) or a finished one under a changed ``sparsity`` section (iterative
-pruning) starts a new phase at its step: its weights (masks moved to the new level, or made from
-the weights of a dense checkpoint), data position and RNG, with a fresh optimizer, LR schedule
-and sparsity algorithm, for ``max_steps`` more steps (see ``_start``).
+Where a run starts (resume, a new training phase, the checkpoints an evaluation
+reads) is training/resume.py's; the fabric's CSR kernels, training/fabric.py's.
 
 Device: the rank's ``device`` (``cpu``, or ``cuda`` where the runner granted a GPU) holds the
 model, masks, optimizer state and each batch; the model is built and masked on the CPU first,
@@ -34,22 +28,22 @@ import hashlib
 import logging
 import math
 import time
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
+from models.moe import ROUTED_EXPERT as EXPERT  # routed and shared experts alike
 from training import checkpoint as ckpt
 from training.build import Run, build_run
-from models.moe import ROUTED_EXPERT as EXPERT  # routed and shared experts alike
+from training.fabric import AllReduce, compile_run
 from training.perf import PerfProjector
-from training.plan import MODES, JobPlan, LoopSettings
-from training.safe_files import read_text
+from training.plan import MODES, JobPlan
+from training.resume import checkpoints_to_evaluate, load_weights, start, training_state
+
 AFTER_WARMUP = "eval/perplexity_after_warmup"
 # The progress event a resume sends for each damaged checkpoint it passed over.
 SKIPPED_CHECKPOINT = "checkpoint_skipped"
-AllReduce = Callable[[list[torch.Tensor]], None]
 
 
 def mask_hash(alg: Any) -> str:
@@ -58,180 +52,6 @@ def mask_hash(alg: Any) -> str:
     for _, _, mask in alg.sparse_parameters():
         digest.update(mask.contiguous().cpu().numpy().tobytes())
     return digest.hexdigest()
-
-
-CALIBRATION_FILE = "kernel_calibration.json"
-
-
-def _job_calibration(model_dir: Path, all_reduce: AllReduce | None, write: bool) -> Any:
-    """The CSR-vs-dense timing calibration, one per job: replicas and resumed runs must choose
-    the same kernels (CSR and dense round differently). Each rank reads its machine's
-    measurement (the same for every job there, so the same seed gives the same losses), the
-    gradient all-reduce averages them so all ranks hold the same numbers, and model_dir keeps
-    the result for resumes."""
-    import json
-    import os
-    from dataclasses import fields
-
-    from simulator.crossover import KernelCalibration, machine_calibration
-
-    path = model_dir / CALIBRATION_FILE
-    if os.path.lexists(path):  # anything there but the job's own file is refused
-        return KernelCalibration(**json.loads(read_text(path, inside=model_dir)))
-    local = machine_calibration()
-    numeric = [f.name for f in fields(KernelCalibration) if f.type in ("float", float)]
-    values = torch.tensor([getattr(local, name) for name in numeric], dtype=torch.float64)
-    if all_reduce is not None:
-        all_reduce([values])
-    agreed = KernelCalibration(**{**asdict(local), **dict(zip(numeric, values.tolist()))})
-    if write:  # after the collective, so no rank can see the file half-way through the agreement
-        _atomic_write_json(path, asdict(agreed))
-    return agreed
-
-
-def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
-    import json
-    import os
-
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _compile(run: Run, world_size: int, rank: int, model_dir: Path, all_reduce: AllReduce | None) -> None:
-    """Swap the masked linears (in place, same parameters, buffers and state_dict keys) for the
-    simulated fabric's CSR layers; each picks CSR or dense by the simulator's rule, and the
-    optimizer steps a CSR layer's non-zeros alone (its weights as values)."""
-    if run.alg is not None:
-        import simulator
-
-        policy = run.settings.sparse_kernel
-        # On CUDA "auto" is masked dense (simulator.layers), measured by no CPU calibration.
-        calibrate = policy == "auto" and run.device.type == "cpu"
-        calibration = _job_calibration(model_dir, all_reduce, write=rank == 0) if calibrate else None
-        tokens = run.settings.global_batch_size // world_size * run.sampler.seq_len
-        simulator.compile(run.model, algorithm=run.alg, tokens=tokens, kernel=policy,
-                          calibration=calibration, optimizer=run.optimizer)
-
-
-def _state(run: Run) -> dict[str, Any]:
-    return {
-        "model": run.model.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "sparsity": run.alg.state_dict() if run.alg is not None else None,
-        "lr_scheduler": run.scheduler.state_dict(),
-        "rng": _rng_state(run.device),
-        "data_position": run.sampler.state_dict(),
-        "step": run.step,
-        "phase_start": run.phase_start,
-        "spec": run.settings.spec_json,
-        "model_config": run.config_dict,
-        "tokenizer": run.tokenizer_json,
-        "best_eval_loss": run.best_eval_loss,
-        "mask_hashes": list(run.mask_hashes),
-        **({"grad_scaler": run.scaler.state_dict()} if run.scaler is not None else {}),
-    }
-
-
-def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
-    state = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def _load_weights(run: Run, state: dict[str, Any], source: Path) -> None:
-    """Weights and masks, with the sparsity state when the checkpoint was trained under the
-    same sparsity section (else the algorithm only takes its step count; a changed level moves
-    the masks to the new target as they load)."""
-    if run.alg is not None and state.get("sparsity") is not None:
-        if ckpt.sparsity_of(state) == run.settings.sparsity_section:
-            run.alg.load_state_dict(state["sparsity"])
-        else:
-            _set_algorithm_step(run.alg, int(state.get("step", 0)))
-    ckpt.load_model_state(run.model, run.alg, state, source, run.config_dict)
-
-
-def _set_algorithm_step(alg: Any, step: int) -> None:
-    for member in getattr(alg, "members", [alg]):
-        member.step = step
-
-
-def _restore(run: Run, state: dict[str, Any], path: Path) -> None:
-    _load_weights(run, state, path)
-    run.optimizer.load_state_dict(state["optimizer"])
-    run.scheduler.load_state_dict(state["lr_scheduler"])
-    _set_rng_state(state["rng"], run.device)
-    run.sampler.load_state_dict(state["data_position"])
-    run.step = int(state["step"])
-    run.phase_start = int(state.get("phase_start", 0))
-    run.end_step = run.phase_start + run.settings.max_steps
-    run.best_eval_loss = float(state.get("best_eval_loss", math.inf))
-    run.mask_hashes = list(state.get("mask_hashes", []))
-    if run.scaler is not None and "grad_scaler" in state:
-        run.scaler.load_state_dict(state["grad_scaler"])
-
-
-def _start_phase(run: Run, state: dict[str, Any], path: Path) -> None:
-    """A new phase at the checkpoint's step from its weights (and data position and RNG when
-    saved); optimizer, LR schedule and sparsity algorithm start fresh, the algorithm at its
-    step 0, so the sparsity section's steps count from the phase start."""
-    counts = ckpt.load_model_state(run.model, run.alg, state, path, run.config_dict)
-    if "data_position" in state:
-        run.sampler.load_state_dict(state["data_position"])
-    if "rng" in state:
-        _set_rng_state(state["rng"], run.device)
-    run.step = run.phase_start = int(state.get("step", 0))
-    run.end_step = run.phase_start + run.settings.max_steps
-    missing = [key for key in ckpt.TRAINING_KEYS if key not in state]
-    made = sorted(name for name, count in counts.items() if count["saved"] is None)
-    logging.getLogger("csx").info(
-        "new training phase from %s at step %d (steps %d-%d)%s%s", path, run.step, run.step + 1,
-        run.end_step, f"; not in the checkpoint: {missing}" if missing else "",
-        f"; masks made from weight magnitudes: {made}" if made else "")
-
-
-def _start(run: Run, folder: Path) -> None:
-    """What decides to resume. The newest checkpoint in model_dir that loads (a damaged newer
-    one is skipped with a warning), else checkpoint_path:
-    resumed exactly if it holds the full training state and its phase is not finished or the
-    sparsity section is unchanged; otherwise a new phase starts from its weights (a finalized
-    or cstorch checkpoint, a dense run's checkpoint under a sparse section, a finished run
-    re-run with another sparsity: iterative pruning)."""
-    newest = ckpt.newest_valid_checkpoint(folder)
-    if newest is not None:
-        path, state, skipped = newest
-        run.skipped_checkpoints = skipped
-    elif run.settings.checkpoint_path:
-        path = Path(run.settings.checkpoint_path)
-        state = ckpt.load_checkpoint(path)
-    else:
-        return
-    step = int(state.get("step", 0))
-    finished = step >= int(state.get("phase_start", 0)) + run.settings.max_steps
-    changed = ckpt.sparsity_of(state) != run.settings.sparsity_section
-    if any(key not in state for key in ckpt.TRAINING_KEYS) or (finished and changed):
-        _start_phase(run, state, path)
-        return
-    _restore(run, state, path)
-    if finished:
-        _warn(run, f"{path} is already trained to step {step} (runconfig.max_steps "
-                   f"{run.settings.max_steps} from step {run.phase_start}): nothing to "
-                   "train. Raise max_steps to train further, or change the sparsity section to "
-                   "start a new pruning phase.")
-
-
-def _warn(run: Run, message: str) -> None:
-    """Log a warning and keep it for the summary's `warnings`: the loop runs in a Ray worker,
-    whose log the user of `csx run` or the service does not see."""
-    logging.getLogger("csx").warning("%s", message)
-    run.warnings.append(message)
 
 
 @torch.no_grad()
@@ -377,7 +197,7 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
             summary.update({k.removeprefix("perf/"): v for k, v in metrics.items()
                             if k.startswith("perf/")})
         if rank == 0 and (is_last or (rc.checkpoint_steps and run.step % rc.checkpoint_steps == 0)):
-            summary["checkpoint"] = str(ckpt.save_checkpoint(_state(run), ckpt.checkpoint_path(model_dir, run.step)))
+            summary["checkpoint"] = str(ckpt.save_checkpoint(training_state(run), ckpt.checkpoint_path(model_dir, run.step)))
             if tracker is not None:  # a resume starts after this step: its metrics must reach MLflow now
                 log.flush()
                 tracker.flush()
@@ -432,22 +252,6 @@ def _record_eval(run: Run, metrics: dict[str, float], summary: dict[str, Any], l
     log.flush()
 
 
-def _checkpoints_to_evaluate(settings: LoopSettings, model_dir: Path, mode: str) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """(path, state) of each checkpoint `mode` evaluates, loaded one at a time: every one in
-    model_dir (eval_all), else runconfig.checkpoint_path, else model_dir's newest that loads."""
-    if mode == "eval_all" and (found := ckpt.list_checkpoints(model_dir)):
-        for _, path in found:
-            yield path, ckpt.load_checkpoint(path, inside=model_dir)
-    elif mode != "eval_all" and settings.checkpoint_path:
-        path = Path(settings.checkpoint_path)
-        yield path, ckpt.load_checkpoint(path)
-    elif mode != "eval_all" and (newest := ckpt.newest_valid_checkpoint(model_dir)) is not None:
-        yield newest[0], newest[1]
-    else:
-        raise ValueError(f"mode {mode!r} needs a checkpoint, but model_dir {str(model_dir)!r} has none "
-                         "(and runconfig.checkpoint_path is not set)")
-
-
 def train(plan: JobPlan, *, model_dir: str, mode: str = "train", rank: int = 0,
           all_reduce: AllReduce | None = None, tracker: Any = None,
           progress: Callable[[dict], None] | None = None, device: str = "cpu") -> dict:
@@ -484,17 +288,17 @@ def train(plan: JobPlan, *, model_dir: str, mode: str = "train", rank: int = 0,
     log = _MetricLog(tracker if rank == 0 else None)
 
     if mode in ("eval", "eval_all"):
-        _compile(run, world_size, rank, folder, all_reduce)  # loading a checkpoint later updates the CSR layers' tensors in place
-        for path, state in _checkpoints_to_evaluate(run.settings, folder, mode):
-            _load_weights(run, state, path)
+        compile_run(run, world_size, rank, folder, all_reduce)  # loading a checkpoint later updates the CSR layers' tensors in place
+        for path, state in checkpoints_to_evaluate(run.settings, folder, mode):
+            load_weights(run, state, path)
             run.step = int(state.get("step", 0))
             _record_eval(run, evaluate(run, all_reduce), summary, log)
     else:
-        _start(run, folder)
+        start(run, folder)
         if progress is not None:  # into the job's log too, not only this worker's stderr
             for reason in run.skipped_checkpoints:
                 progress({"event": SKIPPED_CHECKPOINT, "reason": reason})
-        _compile(run, world_size, rank, folder, all_reduce)
+        compile_run(run, world_size, rank, folder, all_reduce)
         _train_steps(run, world_size=world_size, rank=rank, model_dir=folder,
                      evaluate_periodically=mode == "train_and_eval", all_reduce=all_reduce,
                      tracker=tracker, progress=progress, summary=summary)

@@ -15,7 +15,8 @@ import torch
 
 from csx_config import JobSpec
 from training.checkpoint import checkpoint_path, load_checkpoint
-from training.loop import CALIBRATION_FILE, train
+from training.fabric import CALIBRATION_FILE
+from training.loop import train
 from training.plan import plan_job
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),

@@ -106,7 +106,7 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
                            "balance_out_groups": 32}),
     "set_fix_mini": ("SET fixed, mini", {"algorithm": "set", "code": "new", "preset": "mini"}),
 }
-# The product's own model (`workers/` of this checkout: ModelZoo names and initialisation) at
+# The product's own model (`models/` of this checkout: ModelZoo names and initialisation) at
 # the reference study's cadence (ΔT = 100), where RigL's growth is balanced per output row or
 # per input column: run with --code new --sparsity-root . --workers-root .
 PRODUCT = {"code": "new", "workers": "product", "update_every": 100}

@@ -1,7 +1,8 @@
 """The params schema of Cerebras ModelZoo files, for the CLI and the service: imports only
 pydantic and yaml (the service validates jobs without loading torch).
 
-    sections      the params sections (model, optimizer, ...) and their fields
+    sections      the params sections (input, optimizer, runconfig) and their fields
+    model         the model section: ModelZoo's decoder keys, defaults, presets
     keys          keys not applied here and why, features refused, hints, all errors at once
     params_v1     1.x keys and their upgrade to the current meaning
     params_v2     the 2.x params layout JobSpec stores
@@ -12,22 +13,24 @@ pydantic and yaml (the service validates jobs without loading torch).
     spec          JobSpec
 """
 
-from csx_config.sections import (
+from csx_config.model import (
     GLU_NONLINEARITIES,
-    HDF5_PROCESSORS,
     INITIALIZERS,
-    LR_ADJUSTMENT_GROUPS,
-    MAX_CSX,
     MODEL_KEYS,
     MODELZOO_DEFAULTS,
     NONLINEARITIES,
     PRESETS,
-    InputSpec,
     ModelSpec,
-    OptimizerSpec,
     PresetName,
-    RunConfigSpec,
     TokenizerSpec,
+)
+from csx_config.sections import (
+    HDF5_PROCESSORS,
+    LR_ADJUSTMENT_GROUPS,
+    MAX_CSX,
+    InputSpec,
+    OptimizerSpec,
+    RunConfigSpec,
     TrainInputSpec,
     batch_split_problem,
 )

@@ -14,10 +14,10 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_
 
 from csx_config.keys import relocated, validate_all_keys
 from csx_config.layouts import normalise, to_layout
+from csx_config.model import ModelSpec
 from csx_config.overrides import with_overrides
 from csx_config.sections import (
     InputSpec,
-    ModelSpec,
     OptimizerSpec,
     RunConfigSpec,
     TrainInputSpec,

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
-from csx_config.sections import MODEL_CLASSES as CLASS_OF_NAME
-from csx_config.sections import GLU_NONLINEARITIES, MODEL_KEYS, NONLINEARITIES, PRESETS
+from csx_config.model import MODEL_CLASSES as CLASS_OF_NAME
+from csx_config.model import GLU_NONLINEARITIES, MODEL_KEYS, NONLINEARITIES, PRESETS
 
 # The classes built here: GPT2LMHeadModel (a sequential block) and GPTJModel (a parallel one).
 MODEL_CLASSES = tuple(dict.fromkeys(CLASS_OF_NAME.values()))

@@ -18,7 +18,7 @@ import yaml
 import sparsity
 from csx_config import JobSpec, format_problems
 from csx_config.keys import HINTS, same_spelling, unknown_key_message
-from csx_config.sections import ModelSpec
+from csx_config.model import ModelSpec
 from test_model_features import GPT, LLAMA, band, reference_attention, tokens
 from csx import cli
 from training.plan import model_config, plan_job

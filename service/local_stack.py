@@ -22,22 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from service.processes import (
-    HOST,
-    LOG_TAIL_LINES,
-    MLFLOW_ARTIFACTS,
-    MLFLOW_STORE,
-    RAY_STARTED,
-    RAY_WORKER_PORTS,
-    StackProcess,
-    check_clear_of_ray_workers,
-    check_port_free,
-    free_port,
-    mlflow_ui_argv,
-    ray_worker_port_args,
-    wait_for_line,
-    wait_until_up,
-)
+from service.processes import (HOST, LOG_TAIL_LINES, MLFLOW_ARTIFACTS, MLFLOW_STORE, RAY_STARTED,
+                               RAY_WORKER_PORTS, StackProcess, check_clear_of_ray_workers,
+                               check_port_free, free_port, mlflow_ui_argv, ray_worker_port_args,
+                               wait_for_line, wait_until_up)
 from workers.hardware import machine_resources, machine_systems, usable_cores
 
 DEV_TOKEN_LINE = re.compile(r"csx dev token \(admin\): (\S+)")

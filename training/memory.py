@@ -9,11 +9,11 @@ test keeps the parameter count here equal to that model's.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from csx_config import GLU_NONLINEARITIES, JobSpec, OptimizerSpec
+from csx_config import JobSpec, OptimizerSpec
+from models.config import ModelConfig
 from training.data import planned_vocab_size
 
 FLOAT_BYTES = 4
@@ -33,53 +33,41 @@ class Shapes:
     seq_len: int
 
 
-def shapes(spec: JobSpec) -> Shapes:
-    """The shapes of the model `spec` builds; an HDF5 run without max_sequence_length is
-    sized at max_position_embeddings, the longest sequence the model accepts."""
-    model = spec.model.resolved()
-    hidden, heads, filter_size = model["hidden_size"], model["num_heads"], model["filter_size"]
-    sparsity = model["sparse_wide_sparsity"]
-    if sparsity:  # Sparse-Wide, as models.config.ModelConfig.widened
-        k = 1.0 / math.sqrt(1.0 - sparsity)
-        hidden = 2 * max(1, round(hidden // heads * k / 2)) * heads
-        filter_size = max(1, round(filter_size * k))
-    return Shapes(vocab_size=planned_vocab_size(spec), hidden_size=hidden, filter_size=filter_size,
-                  num_hidden_layers=model["num_hidden_layers"], num_heads=heads,
-                  is_glu=model["nonlinearity"] in GLU_NONLINEARITIES,
-                  seq_len=spec.train_input.max_sequence_length or model["max_position_embeddings"])
+def shapes_of(model: ModelConfig, seq_len: int) -> Shapes:
+    """The widths of `model` as built (Sparse-Wide applied) at `seq_len` tokens per sequence."""
+    c = model.widened()
+    return Shapes(vocab_size=c.vocab_size, hidden_size=c.hidden_size, filter_size=c.filter_size,
+                  num_hidden_layers=c.num_hidden_layers, num_heads=c.num_heads, is_glu=c.is_glu,
+                  seq_len=seq_len)
 
 
-def parameter_count(spec: JobSpec, s: Shapes) -> tuple[int, int]:
-    """(unique parameters, entries of the matrices a sparsity section may mask) of the model."""
-    m = spec.model.resolved()
-    h, f = s.hidden_size, s.filter_size
-    norm = (1 if m["norm_type"] == "rmsnorm" else 2) * h
-    inner = m.get("attention_inner_dim") or h  # all query heads, as models.config.ModelConfig.inner_dim
-    kv = _kv_heads(m, s.num_heads) * (inner // s.num_heads)
+def planned_model(spec: JobSpec) -> ModelConfig:
+    """The model `spec` builds, with the vocabulary planned from the spec alone."""
+    return ModelConfig(**{**spec.model.resolved(), "vocab_size": planned_vocab_size(spec)})
+
+
+def parameter_count(model: ModelConfig) -> tuple[int, int]:
+    """(unique parameters, entries of the matrices a sparsity section may mask) of `model` as
+    built."""
+    c = model.widened()
+    h, f, glu = c.hidden_size, c.filter_size, c.is_glu
+    norm = (1 if c.norm_type == "rmsnorm" else 2) * h
+    inner, kv = c.inner_dim, c.kv_heads * c.head_dim  # all query heads; key (or value) heads
     attention_matrices = 2 * h * inner + 2 * h * kv
-    attention = (attention_matrices + (inner + 2 * kv) * m["use_projection_bias_in_attention"]
-                 + h * m["use_ffn_bias_in_attention"])
-    ffn_in = (2 if s.is_glu else 1) * h * f
-    ffn = ffn_in + f * h + m["use_ffn_bias"] * ((2 if s.is_glu else 1) * f + h)
-    layers = s.num_hidden_layers * (2 * norm + attention + ffn) + norm
-    embeddings = s.vocab_size * h + (m["max_position_embeddings"] * h
-                                     if m["position_embedding_type"] == "learned" else 0)
-    if m["position_embedding_type"] == "alibi" and m.get("alibi_trainable_slopes"):
-        embeddings += s.num_heads
-    if m.get("embedding_layer_norm"):
+    attention = (attention_matrices + (inner + 2 * kv) * c.use_projection_bias_in_attention
+                 + h * c.use_ffn_bias_in_attention)
+    ffn_in = (2 if glu else 1) * h * f
+    ffn = ffn_in + f * h + c.use_ffn_bias * ((2 if glu else 1) * f + h)
+    layers = c.num_hidden_layers * (2 * norm + attention + ffn) + norm
+    embeddings = c.vocab_size * h + (c.max_position_embeddings * h
+                                     if c.position_embedding_type == "learned" else 0)
+    if c.position_embedding_type == "alibi" and c.alibi_trainable_slopes:
+        embeddings += c.num_heads
+    if c.embedding_layer_norm:
         embeddings += norm
-    head = (0 if m["share_embedding_weights"] else s.vocab_size * h) \
-        + s.vocab_size * m["use_bias_in_output"]
-    matrices = s.num_hidden_layers * (attention_matrices + ffn_in + f * h)
+    head = (0 if c.share_embedding_weights else c.vocab_size * h) + c.vocab_size * c.use_bias_in_output
+    matrices = c.num_hidden_layers * (attention_matrices + ffn_in + f * h)
     return layers + embeddings + head, matrices
-
-
-def _kv_heads(model: dict, num_heads: int) -> int:
-    """Key/value heads, as models.config.ModelConfig.kv_heads: num_heads, or num_kv_groups
-    (default 1) for multiquery_attention."""
-    if model.get("attention_module") != "multiquery_attention":
-        return num_heads
-    return (model.get("extra_attention_params") or {}).get("num_kv_groups", 1)
 
 
 def autocasts(model_keys: dict[str, Any]) -> bool:
@@ -113,8 +101,10 @@ def _estimate(spec: JobSpec, num_csx: int, on_gpu: bool) -> tuple[dict[str, int]
     """(training_memory per worker, parameters); masks are counted for every matrix when there
     is a sparsity section (an upper bound: a param_filter may mask fewer). Activations are
     16-bit where the precision keys apply, on a GPU."""
-    s = shapes(spec)
-    parameters, matrices = parameter_count(spec, s)
+    model = planned_model(spec)
+    # An HDF5 run without max_sequence_length is sized at the longest sequence the model takes.
+    s = shapes_of(model, spec.train_input.max_sequence_length or model.max_position_embeddings)
+    parameters, matrices = parameter_count(model)
     half = on_gpu and autocasts(spec.model.model_extra or {})
     memory = training_memory(spec.optimizer, spec.train_input.batch_size // num_csx, s, parameters,
                              matrices if spec.sparsity is not None else 0, HALF_BYTES if half else FLOAT_BYTES)

@@ -101,12 +101,8 @@ def _projection(model: nn.Module, densities: dict[str, float], seq_len: int, tok
 def training_memory(plan: JobPlan, parameters: int, sparse_weights: int, seq_len: int) -> dict[str, int]:
     """Bytes one worker needs to train (training.memory.training_memory) for the built model."""
     optimizer_class(plan.optimizer.optimizer_type)  # an unknown name is refused here, by name
-    c = plan.model.widened()
-    shapes = memory.Shapes(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-                           filter_size=c.filter_size, num_hidden_layers=c.num_hidden_layers,
-                           num_heads=c.num_heads, is_glu=c.is_glu, seq_len=seq_len)
-    return memory.training_memory(plan.optimizer, plan.batch_per_csx, shapes, parameters, sparse_weights,
-                                  memory.FLOAT_BYTES)
+    return memory.training_memory(plan.optimizer, plan.batch_per_csx, memory.shapes_of(plan.model, seq_len),
+                                  parameters, sparse_weights, memory.FLOAT_BYTES)
 
 
 def available_memory() -> int:

@@ -10,7 +10,7 @@ data or torch is checked where it is read (the data: training/data.py) or planne
 and their sparsity groups: training/report.py); what needs the machine is the memory rule
 (training/memory.py), asked at each admission with that machine's limits.
 
-No torch: the service makes plans in its job threads without loading it.
+No torch: a plan is made without loading it (its report, training/report.py, needs it).
 """
 
 from __future__ import annotations

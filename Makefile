@@ -21,7 +21,7 @@ install: $(STAMP)
 # The reference study (nanoGPT's baby GPT, five variants at 80%, two at a time) through the real
 # service; keeps the MLflow UI up until Ctrl-C.
 run: install
-	$(PY) -m workers.cli local-study --study examples/study_baby_gpt.yaml
+	$(PY) -m csx.cli local-study --study examples/study_baby_gpt.yaml
 
 # docs/results.md: the 2 x 64 study (examples/study.yaml) over 3 seeds, plus Sparse-Wide RigL;
 # then the same study under the Cerebras sparsity blog's protocol (examples/study_blog.yaml),

@@ -39,7 +39,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, func, select
 
 from record import write_json  # bench/ is on sys.path as a script
-from service.local_stack import HOST, StackProcess, free_port, wait_until_up
+from service.processes import HOST, StackProcess, free_port, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "api_load.json"

@@ -1,6 +1,6 @@
 """Peak memory of `csx run --validate_only` on the largest ModelZoo corpus files.
 
-Each file is validated in a fresh process (`python -m workers.cli run --params F
+Each file is validated in a fresh process (`python -m csx.cli run --params F
 --validate_only`), and its peak resident memory (ru_maxrss of the child) is read; the target is
 under 1 GB for the largest file. Also shows torch's import alone, the floor of every run.
 Writes bench/results/corpus_validate_memory.json.
@@ -57,7 +57,7 @@ def main() -> None:
     floor, _ = peak_mb([sys.executable, "-c", "import torch"])
     rows = []
     for path in largest:
-        mb, out = peak_mb([sys.executable, "-m", "workers.cli", "run", "--params", str(path), "--validate_only"])
+        mb, out = peak_mb([sys.executable, "-m", "csx.cli", "run", "--params", str(path), "--validate_only"])
         params = re.search(r"([\d,]+) parameters", out)
         rows.append({"file": str(path.relative_to(CORPUS)), "parameters": params and params[1],
                      "peak_mb": round(mb, 1)})

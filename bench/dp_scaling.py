@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from workers.runner import run_job  # noqa: E402
 from csx_config import JobSpec  # noqa: E402
 from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
+from training.plan import plan_job  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dp_scaling.json"
 TARGET_RATIO = 1.7
@@ -43,7 +44,7 @@ runconfig: {{max_steps: {steps}, log_steps: {steps}, seed: 0, cpus_per_csx: 1}}
 
 def measure(spec: JobSpec, num_csx: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="csx-dp-") as model_dir:
-        summary = run_job(spec, num_csx=num_csx, model_dir=model_dir, tracking=False)
+        summary = run_job(plan_job(spec, num_csx), model_dir=model_dir, tracking=False)
     tokens_per_s = summary["tokens_per_s"]
     global_tokens = spec.train_input.batch_size * spec.train_input.max_sequence_length
     step_s = global_tokens / tokens_per_s  # mean optimizer-step time, all ranks in lockstep

@@ -1,6 +1,6 @@
 """Tokens/s of training at 90% sparsity through the fabric vs masked dense, on two models.
 
-Models: the study's (workers/model.py preset `tiny`: 2 layers, hidden 64, 16 x 128 tokens) and
+Models: the study's (models/config.py preset `tiny`: 2 layers, hidden 64, 16 x 128 tokens) and
 a wider proxy of it (hidden 512, feed-forward 1280, same depth, batch and sequence). For each,
 both runs start from the same weights and the same RigL masks (90%, an update every 10 steps,
 so update steps with their dense weight gradient are timed too) and see the same batches; the
@@ -46,7 +46,8 @@ import simulator  # noqa: E402
 from simulator.csr import weight_values  # noqa: E402
 from simulator.native import load_kernels  # noqa: E402
 import sparsity  # noqa: E402
-from workers.model import build_model, preset_config  # noqa: E402
+from models.config import preset_config  # noqa: E402
+from models.transformer import build_model  # noqa: E402
 
 from csr_linear import (csr_step, dense_step,  # noqa: E402  (bench/ is on sys.path as a script)
                         load_before)

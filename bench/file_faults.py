@@ -2,7 +2,7 @@
 state each reaches, how long it takes, what is lost.
 
 One process, a fresh SQLite database, the service app through its test client. Jobs run
-`workers.train.train` itself in the scheduler's job thread (no Ray: these faults are about
+`training.loop.train` itself in the scheduler's job thread (no Ray: these faults are about
 files, bench/recovery.py kills processes). A tiny RigL spec, 6 steps, a checkpoint every 2.
 
 1. disk full: from step 6 every write to the job's folder fails with a real ENOSPC (the
@@ -36,7 +36,7 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "service"), str(ROOT / "tests" / "workers")]  # helpers
 from service_helpers import job_folder, make_token, wait_status  # noqa: E402
-from workers_helpers import memory_headroom, same_state  # noqa: E402
+from training_helpers import memory_headroom, same_state  # noqa: E402
 
 from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
 
@@ -58,13 +58,13 @@ class InProcessHandle:
 
     run_id = None
 
-    def __init__(self, spec: Any, kwargs: dict[str, Any]) -> None:
-        self.spec, self.kwargs = spec, kwargs
+    def __init__(self, plan: Any, kwargs: dict[str, Any]) -> None:
+        self.plan, self.kwargs = plan, kwargs
 
     def wait(self) -> dict[str, Any]:
-        from workers.train import train
+        from training.loop import train
 
-        return train(self.spec, model_dir=self.kwargs["model_dir"], mode=self.kwargs["mode"],
+        return train(self.plan, model_dir=self.kwargs["model_dir"], mode=self.kwargs["mode"],
                      progress=self.kwargs["progress"])
 
     def cancel(self) -> None:
@@ -75,7 +75,7 @@ class InProcessHandle:
 def disk_full(checkpoint_step: int) -> Iterator[None]:
     """Checkpoint `checkpoint_step` is written to /dev/full (a real ENOSPC from the kernel),
     and meanwhile no job log can be opened (ENOSPC)."""
-    import workers.checkpoint as ckpt
+    import training.checkpoint as ckpt
     from service import joblogs
 
     real_mkstemp, real_open_log = tempfile.mkstemp, joblogs._open_for_append
@@ -128,8 +128,8 @@ def run_faults() -> tuple[list[dict[str, Any]], bool]:
 
     from service.main import create_app
     from service.settings import Settings
-    from workers import checkpoint as ckpt
-    from workers.text import load_splits
+    from training import checkpoint as ckpt
+    from training.text import load_splits
 
     torch.set_num_threads(1)
     logging.getLogger("service.joblogs").setLevel(logging.ERROR)  # the full disk's, expected
@@ -141,7 +141,7 @@ def run_faults() -> tuple[list[dict[str, Any]], bool]:
                             mlflow_tracking_uri=f"sqlite:///{root / 'mlflow.db'}",
                             allowed_data_roots=[root / "data"], cluster_size=1,
                             scheduler_interval_s=0.05)
-        launcher = lambda spec, **kwargs: InProcessHandle(spec, kwargs)  # noqa: E731
+        launcher = lambda plan, **kwargs: InProcessHandle(plan, kwargs)  # noqa: E731
         with TestClient(create_app(settings, launcher=launcher)) as client:
             alice, bob = make_token(client, "alice"), make_token(client, "bob")
 

@@ -1,7 +1,7 @@
 """`make gpu-check`: the training loop on a CUDA device, against this repo and torch only (no
 Ray, no MLflow), in a few minutes on one GPU.
 
-1. The GPU tests (tests/workers/test_workers_gpu.py), through pytest when it is installed.
+1. The GPU tests (tests/training/test_gpu.py), through pytest when it is installed.
 2. Masks: a seeded RigL run on the GPU against the same run on the CPU, every mask hash (the
    initial masks must match; later ones may differ where the GPU's float rounding reorders
    near-equal scores, and the first such step is named).
@@ -33,7 +33,8 @@ sys.path.insert(0, str(REPO))
 
 from csx_config import JobSpec  # noqa: E402  (after the repo is importable)
 from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
-from workers.train import train  # noqa: E402
+from training.loop import train  # noqa: E402
+from training.plan import plan_job  # noqa: E402
 
 MASK_SPEC = """
 train_input: {batch_size: 8, max_sequence_length: 32}
@@ -60,14 +61,14 @@ def run_gpu_tests() -> str:
     except ImportError:
         return "skipped: pytest is not installed"
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             str(REPO / "tests" / "workers" / "test_workers_gpu.py")],
+                             str(REPO / "tests" / "training" / "test_gpu.py")],
                             cwd=REPO, capture_output=True, text=True)
     print(result.stdout[-3000:], result.stderr[-2000:], sep="")
     return "passed" if result.returncode == 0 else f"FAILED (pytest exit {result.returncode})"
 
 
 def seeded_masks(device: str, folder: Path) -> list[list[Any]]:
-    summary = train(JobSpec.from_yaml(MASK_SPEC), model_dir=str(folder / device), device=device)
+    summary = train(plan_job(JobSpec.from_yaml(MASK_SPEC)), model_dir=str(folder / device), device=device)
     return summary["mask_hashes"]
 
 
@@ -84,8 +85,8 @@ def tokens_per_s(device: str, *, sparse: bool, hidden: int, steps: int, folder: 
     text = SPEED_SPEC % {"hidden": hidden, "filter": 4 * hidden, "steps": steps}
     text += SPARSE if sparse else ""
     name = f"{device}-{'sparse' if sparse else 'dense'}-{time.monotonic_ns()}"
-    return float(train(JobSpec.from_yaml(text), model_dir=str(folder / name),
-                       device=device)["tokens_per_s"])
+    summary = train(plan_job(JobSpec.from_yaml(text)), model_dir=str(folder / name), device=device)
+    return float(summary["tokens_per_s"])
 
 
 def main(argv: list[str] | None = None) -> int:

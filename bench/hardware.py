@@ -42,6 +42,7 @@ import ray.cloudpickle  # noqa: E402
 
 from csx_config import JobSpec  # noqa: E402
 from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
+from training.plan import plan_job  # noqa: E402
 from workers.hardware import usable_cores  # noqa: E402
 from workers.runner import connect_ray, start_job  # noqa: E402
 
@@ -91,7 +92,7 @@ def timed_job(spec: JobSpec, num_csx: int, folder: Path) -> dict[str, Any]:
     """tokens/s of a job through the worker group and its submit -> first step time."""
     first: list[float] = []
     started = time.perf_counter()
-    handle = start_job(spec, num_csx=num_csx, model_dir=str(folder), tracking=False,
+    handle = start_job(plan_job(spec, num_csx), model_dir=str(folder), tracking=False,
                        progress=lambda event: first or first.append(time.perf_counter()))
     summary = handle.wait()
     return {"tokens_per_s": summary["tokens_per_s"], "first_step_s": first[0] - started,
@@ -100,16 +101,16 @@ def timed_job(spec: JobSpec, num_csx: int, folder: Path) -> dict[str, Any]:
 
 def in_process_first_step(spec: JobSpec, folder: Path) -> float:
     """Submit -> first step of the loop in this process (the old `csx run --num_csx 1`)."""
-    from workers.train import train
+    from training.loop import train
 
     first: list[float] = []
     started = time.perf_counter()
-    train(spec, model_dir=str(folder), progress=lambda event: first or first.append(
+    train(plan_job(spec), model_dir=str(folder), progress=lambda event: first or first.append(
         time.perf_counter()))
     return first[0] - started
 
 
-def trivial_group_loop(spec: Any, *, progress: Any, rank: int, **_: Any) -> dict[str, float]:
+def trivial_group_loop(plan: Any, *, progress: Any, rank: int, **_: Any) -> dict[str, float]:
     """The actor group's side of item 4: the loop's first line, then REPORTS reports."""
     entered = time.time()
     report_s = 0.0
@@ -125,7 +126,7 @@ def actor_group_startup(folder: Path) -> dict[str, float]:
     spec = JobSpec.from_yaml("train_input: {batch_size: 2}\n"
                              "runconfig: {cpus_per_csx: 1, mlflow_experiment: ''}\n")
     started = time.time()
-    handle = start_job(spec, num_csx=2, model_dir=str(folder), tracking=False,
+    handle = start_job(plan_job(spec, 2), model_dir=str(folder), tracking=False,
                        train_fn=trivial_group_loop, progress=lambda event: None)
     summary = handle.wait()
     return {"first_line_s": summary["entered"] - started, "total_s": time.time() - started,

@@ -1,6 +1,6 @@
 """Cost of training masked (80% RigL) instead of dense: one AdamW step of the same transformer.
 
-Three copies of the project's `small` model (workers/model.py: 8 layers, 6.3M parameters) start
+Three copies of the project's model (the `small` preset, models/config.py: 8 layers, 6.3M parameters) start
 from the same weights and see the same batches: dense, masked with RigL updating every 100 steps
 (every timed step is an ordinary one), and masked with RigL updating on every step (every timed
 step is an update step: dense-gradient capture, drop, growth, zeroing). They are stepped in
@@ -55,7 +55,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
 import sparsity  # noqa: E402
-from workers.model import build_model, preset_config  # noqa: E402
+from models.config import preset_config  # noqa: E402
+from models.transformer import build_model  # noqa: E402
 
 from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
 

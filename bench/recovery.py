@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "service"))  # the tests' server and Postgres helpers
 from service_helpers import ServerProcess, is_alive  # noqa: E402
 
-from service.local_stack import descendants  # noqa: E402
+from service.processes import descendants  # noqa: E402
 
 MAX_STEPS = 300
 CHECKPOINT_STEPS = 20
@@ -146,7 +146,7 @@ def csx_worker_pids(server: ServerProcess) -> list[int]:
 
 
 def checkpoint(runs_dir: Path, job_id: int, step: int) -> dict[str, Any]:
-    from workers.checkpoint import checkpoint_path, load_checkpoint
+    from training.checkpoint import checkpoint_path, load_checkpoint
 
     (folder,) = runs_dir.glob(f"job-{job_id}-*")
     return load_checkpoint(checkpoint_path(folder / "model", step))

@@ -57,7 +57,7 @@ from sqlalchemy import create_engine, func, select
 from record import write_json  # bench/, this script's folder
 from recovery import run_recovery
 from service.db import upgrade_database
-from service.local_stack import HOST, StackProcess, free_port, wait_until_up
+from service.processes import HOST, StackProcess, free_port, wait_until_up
 from service.models import Job
 
 ROOT = Path(__file__).resolve().parents[1]

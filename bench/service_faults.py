@@ -43,7 +43,7 @@ from service_helpers import (  # noqa: E402
     wait_status,
 )
 
-from service.local_stack import HOST, StackProcess, descendants, free_port, wait_until_up  # noqa: E402
+from service.processes import HOST, StackProcess, descendants, free_port, wait_until_up  # noqa: E402
 from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
 
 RESULTS = ROOT / "bench" / "results" / "service_faults.json"

@@ -1,7 +1,8 @@
 """The params schema of Cerebras ModelZoo files, for the CLI and the service: imports only
 pydantic and yaml (the service validates jobs without loading torch).
 
-    sections      the params sections (model, optimizer, ...) and their fields
+    sections      the params sections (input, optimizer, runconfig) and their fields
+    model         the model section: ModelZoo's decoder keys, defaults, presets
     keys          keys not applied here and why, features refused, hints, all errors at once
     params_v1     1.x keys and their upgrade to the current meaning
     params_v2     the 2.x params layout JobSpec stores
@@ -12,26 +13,34 @@ pydantic and yaml (the service validates jobs without loading torch).
     spec          JobSpec
 """
 
+from csx_config.model import (
+    GLU_NONLINEARITIES,
+    INITIALIZERS,
+    MODEL_KEYS,
+    MODELZOO_DEFAULTS,
+    NONLINEARITIES,
+    PRESETS,
+    ModelSpec,
+    PresetName,
+    TokenizerSpec,
+)
 from csx_config.sections import (
     HDF5_PROCESSORS,
-    INITIALIZERS,
     LR_ADJUSTMENT_GROUPS,
-    MODELZOO_DEFAULTS,
-    PRESETS,
+    MAX_CSX,
     InputSpec,
-    ModelSpec,
     OptimizerSpec,
-    PresetName,
     RunConfigSpec,
-    TokenizerSpec,
     TrainInputSpec,
+    batch_split_problem,
 )
 from csx_config.keys import format_problems, unknown_key_message
 from csx_config.layouts import detect_layout
 from csx_config.overrides import with_overrides
 from csx_config.spec import JobSpec, parse_yaml
 
-__all__ = ["HDF5_PROCESSORS", "INITIALIZERS", "LR_ADJUSTMENT_GROUPS", "MODELZOO_DEFAULTS", "PRESETS", "InputSpec", "JobSpec",
+__all__ = ["GLU_NONLINEARITIES", "HDF5_PROCESSORS", "INITIALIZERS", "LR_ADJUSTMENT_GROUPS", "MAX_CSX",
+           "MODEL_KEYS", "MODELZOO_DEFAULTS", "NONLINEARITIES", "PRESETS", "InputSpec", "JobSpec",
            "ModelSpec", "OptimizerSpec", "PresetName", "RunConfigSpec", "TokenizerSpec",
-           "TrainInputSpec", "detect_layout", "format_problems", "parse_yaml",
+           "TrainInputSpec", "batch_split_problem", "detect_layout", "format_problems", "parse_yaml",
            "unknown_key_message", "with_overrides"]

@@ -17,7 +17,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 Problem = tuple[tuple[str | int, ...], str]  # (location, message)
 HARDWARE_ONLY = "hardware-only (Cerebras appliance, precision or logging)"
-# The precision keys a worker on a GPU applies (workers/precision.py; the run reports it).
+# The precision keys a worker on a GPU applies (training/precision.py; the run reports it).
 ON_CUDA_ONLY = "precision: applied on a CUDA device only; training on CPU is float32"
 # Accepted, kept in the spec, listed as not applied; the reason when it is not HARDWARE_ONLY.
 NOT_APPLIED_REASONS: dict[str, str] = {

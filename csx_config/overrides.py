@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 
 from csx_config import trainer
-from csx_config.sections import InputSpec, ModelSpec, OptimizerSpec, RunConfigSpec, TrainInputSpec
+from csx_config.model import ModelSpec
+from csx_config.sections import InputSpec, OptimizerSpec, RunConfigSpec, TrainInputSpec
 
 REMOVE = "~"
 _SECTIONS = {"train_input": TrainInputSpec, "eval_input": InputSpec, "model": ModelSpec,

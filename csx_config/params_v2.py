@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from csx_config.sections import ModelSpec
+from csx_config.model import ModelSpec
 
 SECTIONS = ("train_input", "eval_input", "model", "optimizer", "sparsity", "runconfig")
 # model key -> the values that build the standard decoder (so the key changes nothing). Only

@@ -14,13 +14,14 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_
 
 from csx_config.keys import relocated, validate_all_keys
 from csx_config.layouts import normalise, to_layout
+from csx_config.model import ModelSpec
 from csx_config.overrides import with_overrides
 from csx_config.sections import (
     InputSpec,
-    ModelSpec,
     OptimizerSpec,
     RunConfigSpec,
     TrainInputSpec,
+    batch_split_problem,
     check_level,
     check_sparsity_levels,
 )
@@ -116,11 +117,8 @@ def batch_split_problems(params: dict[str, Any]) -> list[tuple[tuple[str, ...], 
     batch = sections[0].get("batch_size", TrainInputSpec.model_fields["batch_size"].default)
     num_csx = sections[1].get("num_csx", RunConfigSpec.model_fields["num_csx"].default)
     numbers = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (batch, num_csx))
-    if not numbers or batch % num_csx == 0:
-        return []
-    return [(("train_input", "batch_size"),
-             f"train_input.batch_size ({batch}) must be divisible by runconfig.num_csx ({num_csx}): "
-             "the global batch is split evenly over the systems")]
+    problem = batch_split_problem(batch, num_csx) if numbers else None
+    return [(("train_input", "batch_size"), problem)] if problem else []
 
 
 def parse_yaml(text: str) -> dict[str, Any]:

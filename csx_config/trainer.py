@@ -257,7 +257,7 @@ def _scheduler_entry(entry: Any) -> dict[str, Any] | None:
 def _unwrap_scale_per_param(entry: Any) -> Any:
     """The schedule a ``ScalePerParamLR`` wraps: that wrapper multiplies each parameter group's
     rate by the group's learning-rate factor (muP's lr_adjustment_groups), which every schedule
-    here does already (workers.build.make_optimizer)."""
+    here does already (training.build.make_optimizer)."""
     while (isinstance(entry, dict) and list(entry) == ["ScalePerParamLR"]
            and isinstance(entry["ScalePerParamLR"], dict) and list(entry["ScalePerParamLR"]) == ["scheduler"]):
         entry = entry["ScalePerParamLR"]["scheduler"]

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from research.blog_report import claim_verdict
 from research.study_report import SINKHORN_VARIANT, fmt, insert_after_title
-from workers.plots import plain_tick_labels
+from tracking.plots import plain_tick_labels
 
 VARIANTS = ("dense", "static", "set", "rigl", "granet", SINKHORN_VARIANT)
 SPARSE = VARIANTS[1:]

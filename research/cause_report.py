@@ -209,7 +209,7 @@ def product_findings(r: dict[str, dict[str, Any]]) -> list[str]:
     if not _has(r, *needed):
         return []
     out = [
-        "- **On the product's model (rows `prod_*`: this checkout's `workers/` model and "
+        "- **On the product's model (rows `prod_*`: this checkout's `models/` model and "
         "initialisation, ΔT = 100, as `make results` trains), the pile-up is on both sides of "
         "the gradient's outer product.** Its largest entries sit where a large error δ_i meets a "
         "large input x_j, so plain RigL piles onto few rows and few input columns "

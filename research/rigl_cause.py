@@ -5,7 +5,7 @@ Every row trains the reference study's model and data (`tiny` Llama, byte tokeni
 clip 1.0, 80% sparsity) with the same small loop below, so rows differ only in what the row
 names: the sparsity section (algorithm, update period, drop fraction, distribution, grow_init),
 what AdamW holds for a regrown weight, model size and steps. The loop is the study's
-(`workers/train.py`) without its CSR kernels, checkpoints and tracking: the same update up
+(`training/loop.py`) without its CSR kernels, checkpoints and tracking: the same update up
 to float rounding, about twice as fast on one thread.
 
 Which sparsity code runs is chosen per invocation (`--sparsity-root`, a directory holding the
@@ -106,7 +106,7 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
                            "balance_out_groups": 32}),
     "set_fix_mini": ("SET fixed, mini", {"algorithm": "set", "code": "new", "preset": "mini"}),
 }
-# The product's own model (`workers/` of this checkout: ModelZoo names and initialisation) at
+# The product's own model (`models/` of this checkout: ModelZoo names and initialisation) at
 # the reference study's cadence (ΔT = 100), where RigL's growth is balanced per output row or
 # per input column: run with --code new --sparsity-root . --workers-root .
 PRODUCT = {"code": "new", "workers": "product", "update_every": 100}
@@ -222,8 +222,9 @@ def run_one(name: str, seed: int) -> dict[str, Any]:
     import torch
 
     import sparsity
-    from workers.text import BatchSampler, encode_documents, eval_batches, load_splits, make_tokenizer
-    from workers.model import build_model, preset_config
+    from training.text import BatchSampler, encode_documents, eval_batches, load_splits, make_tokenizer
+    from models.config import preset_config
+    from models.transformer import build_model
 
     torch.set_num_threads(1)
     cfg = row_settings(name)

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from service.schemas import StudyReportRow
 from service.studies import aggregate
-from workers.plots import plain_tick_labels
+from tracking.plots import plain_tick_labels
 
 STUDY_VARIANTS = ("dense", "static", "set", "rigl", "granet")
 SINKHORN_VARIANT = "rigl-sinkhorn"  # research/study_results.py's run of the cause knob

@@ -2,7 +2,7 @@
 
 Runs every variant of examples/study.yaml (the same sparsity sections the service derives),
 and its RigL with `grow_score_scaling: sinkhorn` (docs/results.md, "Why RigL trailed Static"),
-for each seed, in-process with `workers.train.train` (one torch thread, two runs at a time on
+for each seed, in-process with `training.loop.train` (one torch thread, two runs at a time on
 a 2-core machine), collecting per-step metrics through a tracker-shaped recorder; projects
 the final masks onto 1, 2, 4 and 16 CS-2 systems with the simulator's cost model; renders
 the tables and PNGs. Raw numbers go to research/results/study_results.json.
@@ -59,7 +59,7 @@ SPARSE_WIDE_LEVELS = (0.5, 0.75)
 
 
 class MetricRecorder:
-    """Duck-types workers.tracking.Tracker for train(): keeps metrics in memory."""
+    """Duck-types tracking.tracker.Tracker for train(): keeps metrics in memory."""
 
     def __init__(self) -> None:
         self.metrics: dict[str, list[tuple[int, float]]] = {}
@@ -218,22 +218,24 @@ def merge_baby(extra: Path) -> None:
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from workers import checkpoint
-    from workers.build import build_sparse_model
-    from workers.model import ModelConfig
-    from workers.perf import project
+    from training import checkpoint
+    from training.build import build_sparse_model
+    from models.config import ModelConfig
+    from training.perf import project
     from csx_config import JobSpec
-    from workers.train import train
+    from training.loop import train
+    from training.plan import plan_job
 
     torch.set_num_threads(1)
     spec = JobSpec.model_validate(task["params"])
+    plan = plan_job(spec)
     recorder = MetricRecorder()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as model_dir:
-        summary = train(spec, model_dir=model_dir, mode="train_and_eval", tracker=recorder)
+        summary = train(plan, model_dir=model_dir, mode="train_and_eval", tracker=recorder)
         state = checkpoint.load_checkpoint(checkpoint.latest_checkpoint(model_dir))
     wall_s = time.perf_counter() - started
-    model, _ = build_sparse_model(spec, ModelConfig(**state["model_config"]))
+    model, _ = build_sparse_model(ModelConfig(**state["model_config"]), plan.sparsity, seed=plan.seed)
     model.load_state_dict(state["model"])
     tokens = spec.train_input.batch_size * spec.train_input.max_sequence_length
     projections = {str(n): project(model, seq_len=spec.train_input.max_sequence_length, global_tokens=tokens,

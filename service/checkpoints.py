@@ -24,9 +24,9 @@ from service.crud import Caller
 from service.models import Job
 from service.preflight import Problem, is_within, resolve_path
 from service.schemas import MAX_ID
-from workers.safe_files import RefusedFile, regular_file
+from training.safe_files import RefusedFile, regular_file
 
-CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)\.mdl$")  # workers/checkpoint.py's names
+CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)\.mdl$")  # training/checkpoint.py's names
 JOB_FOLDER = re.compile(r"^job-(\d+)(?:-([0-9a-f]+))?$")  # joblogs.job_dir's names
 
 

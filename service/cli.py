@@ -1,4 +1,4 @@
-"""`csx serve | token | submit | study`: registered into workers/cli.py's parser lazily.
+"""`csx serve | token | submit | study`: registered into csx/cli.py's parser lazily.
 
     csx serve [--host 127.0.0.1] [--port 8000] [--dev-token] [--paused] [--no-mlflow-ui]
     csx token create --name N [--admin]              # prints the secret once
@@ -103,7 +103,7 @@ def _supervise_api(args: argparse.Namespace) -> int:
     import time
     from functools import partial
 
-    from service.local_stack import term_on_parent_death, check_port_free
+    from service.processes import check_port_free, term_on_parent_death
     from service.settings import Settings
 
     argv = [sys.executable, "-m", "service.cli", "serve", "--host", args.host,
@@ -158,7 +158,7 @@ def _supervise_api(args: argparse.Namespace) -> int:
 def _serve_api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from service.local_stack import MLFLOW_ARTIFACTS, StackError
+    from service.processes import MLFLOW_ARTIFACTS, StackError
     from service.main import create_app
     from service.settings import Settings
 
@@ -295,7 +295,8 @@ def study_command(args: argparse.Namespace) -> int:
 
 
 def local_study_command(args: argparse.Namespace) -> int:
-    from service.local_stack import StackError, run_local_study
+    from service.local_stack import run_local_study
+    from service.processes import StackError
 
     try:
         return run_local_study(args.study, state_dir=args.state_dir, api_port=args.api_port,

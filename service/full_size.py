@@ -59,10 +59,11 @@ def full_size_layers(params: dict[str, Any]) -> tuple[list[Any], int, str]:
     """(dense layers, tokens per step, description) of the model `params` describes, from its
     plan (built on the meta device: any size, no memory); attention scores included."""
     from simulator.cost_model import LayerShape, attended_keys
-    from workers.plan import validate_plan
     from csx_config import JobSpec
+    from training.plan import plan_job
+    from training.report import plan_report
 
-    plan = validate_plan(JobSpec.model_validate({**params, "sparsity": None}), 1)
+    plan = plan_report(plan_job(JobSpec.model_validate({**params, "sparsity": None}), 1))
     model = plan["model"]
     layers = [LayerShape(layer["name"].removesuffix(" (tied)"), *layer["shape"],
                          token_share=layer["token_share"]) for layer in plan["layers"]]

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from workers.safe_files import RefusedFile, open_regular, require_regular
+from training.safe_files import RefusedFile, open_regular, require_regular
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()

@@ -15,8 +15,8 @@ from service.models import Job
 from service.preflight import Problem, check_params
 from service.schemas import JobDetail, JobPublic, RunOptions
 from service.settings import Settings
-from csx_config import JobSpec
-from workers import memory
+from csx_config import JobSpec, batch_split_problem
+from training import memory
 from workers.hardware import ClusterSummary
 
 
@@ -59,10 +59,8 @@ def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
         where = ("num_csx",) if options.num_csx is not None else ("params", "runconfig", "num_csx")
         problems.append((where, f"num_csx {num_csx} exceeds the cluster's "
                                 f"{systems} CS-2 systems"))
-    if spec.train_input.batch_size % num_csx:
-        problems.append((("params", "train_input", "batch_size"),
-                         f"global batch_size {spec.train_input.batch_size} must divide evenly "
-                         f"over num_csx={num_csx}"))
+    if split := batch_split_problem(spec.train_input.batch_size, num_csx):
+        problems.append((("params", "train_input", "batch_size"), split))
     if not problems:  # sized only once its data paths are known to be allowed
         problems = memory_problems(spec, num_csx, settings)
     if problems:

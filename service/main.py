@@ -18,7 +18,8 @@ from service.api.main import api_router
 from service.api.openapi import build_openapi
 from service.db import make_engine, make_sessionmaker, upgrade_database
 from service.limits import BodySizeLimit
-from service.scheduler import DATABASE_UNAVAILABLE, Launcher, Scheduler
+from service.launcher import Launcher
+from service.scheduler import DATABASE_UNAVAILABLE, Scheduler
 from service.settings import Settings
 
 # Ray's C++ failure-signal handler, installed when the scheduler first joins Ray, takes SIGTERM

@@ -30,7 +30,7 @@ SCHEDULE_NAMES = (
     "constant", "cosine", "cubic", "cycling", "exp", "lambda", "linear", "periodic",
     "piecewiseconstant", "polynomial", "power",
 )
-# Data sets named `builtin:<name>`; kept in sync with workers.text by a test.
+# Data sets named `builtin:<name>`; kept in sync with training.text by a test.
 BUILTIN_DATA_SETS = ("shakespeare",)
 # Integers that size a job's time or memory, with the largest each may be: far beyond any run
 # here (the memory admission bounds the model), short of one that never ends. max_steps allows

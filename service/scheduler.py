@@ -2,8 +2,9 @@
 
 One scheduler thread ticks every `scheduler_interval_s` (and on `wake()`): it hands free
 systems to the head of the queue, forwards cancels and timeouts to running jobs, and leaves
-everything else to one execution thread per job, which validates, launches the worker group
-through `workers.runner.start_job`, follows its progress and records the outcome. Every state
+everything else to one execution thread per job, which makes the job's plan (training/plan.py),
+launches its worker group (service/launcher.py: `workers.runner.start_job`), follows its
+progress and records the outcome. Every state
 change goes through `states.move`.
 
 Nothing is lost and nothing is stranded:
@@ -24,9 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import subprocess
 import threading
 import time
 import traceback
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import update
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -45,6 +44,7 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from service import crud, joblogs, lease, run_tags
 from service.jobs import memory_problems
+from service.launcher import Handle, Launcher, RayLauncher
 from service.mlflow_auth import experiment_name
 from service.models import Job, Study
 from service.settings import Settings
@@ -60,90 +60,6 @@ DATABASE_RETRY_S = 60.0
 SHUTDOWN = "shutdown"  # Execution.stop_reason when the service stops: leave the job resumable
 # A job's workers die with the Ray head a moment before the head's watcher notices.
 CLUSTER_LOSS_GRACE_S = 3.0
-
-
-class Handle(Protocol):
-    """What `workers.runner.start_job` returns."""
-
-    run_id: str | None
-
-    def cancel(self) -> None: ...
-    def wait(self) -> dict[str, Any]: ...
-
-
-Launcher = Callable[..., Handle]  # start_job's keyword signature
-
-
-class RayLauncher:
-    """start_job on a Ray runtime sized for the whole cluster: RAY_ADDRESS's, else a local head
-    this launcher starts as a supervised child on the first launch (service/supervised.py says
-    why not ray.init in a thread) and stops on `close()`."""
-
-    def __init__(self, settings: Settings) -> None:
-        from service.cluster import LiveCluster
-
-        self.cluster_size = settings.cluster_size
-        self.runs_dir = settings.runs_dir
-        self.worker_ports = settings.ray_worker_ports
-        self._head: Any = None
-        self._lock = threading.Lock()
-        # Capacity: the live cluster's csx resource (service/cluster.py); before the local head
-        # starts, what it will declare.
-        self.cluster = LiveCluster(self._planned_cluster)
-        settings.read_cluster_from(self.cluster.summary)
-
-    def _planned_cluster(self) -> Any:
-        """Not connected yet: RAY_ADDRESS's cluster is joined (as a driver) to be read; the
-        local head is what it will declare."""
-        from service.cluster import live_summary, machine_summary
-        from workers.runner import connect_ray
-
-        address = os.environ.get("RAY_ADDRESS")
-        if not address:
-            return machine_summary(self.cluster_size)
-        with self._lock:
-            connect_ray(systems=machine_summary(self.cluster_size).systems, address=address)
-        return live_summary()
-
-    def __call__(self, spec: Any, **kwargs: Any) -> Handle:
-        import ray
-
-        from service.cluster import machine_summary
-        from workers.runner import connect_ray, start_job
-
-        systems = machine_summary(self.cluster_size).systems
-        with self._lock:
-            address = os.environ.get("RAY_ADDRESS")
-            if not address and not ray.is_initialized():
-                if self._head is None:
-                    from service.supervised import RayHead
-
-                    self._head = RayHead(systems=systems, worker_ports=self.worker_ports,
-                                         log_path=self.runs_dir / "ray" / "head.log")
-                address = self._head.address
-            connect_ray(systems=systems, address=address)
-        return start_job(spec, **kwargs)
-
-    def cluster_lost(self, wait_s: float) -> bool:
-        """Whether the local Ray head this launcher started died (its watcher exits within a
-        second of it): a job's lost workers are then the cluster's fault, not the job's."""
-        head = self._head
-        if head is None:
-            return False
-        try:
-            head.popen.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-
-    def close(self) -> None:
-        with self._lock:
-            if self._head is not None:
-                import ray
-
-                ray.shutdown()
-                self._head.close()
-                self._head = None
 
 
 @dataclass
@@ -409,9 +325,9 @@ class Scheduler:
     def _execute(self, execution: Execution, resume: bool) -> None:
         job_id = execution.job_id
         try:
-            spec, launch_args = self._prepare(execution, resume)
+            plan, launch_args = self._prepare(execution, resume)
             if execution.stop_reason is None:
-                handle = self.launcher(spec, **launch_args)
+                handle = self.launcher(plan, **launch_args)
                 execution.attach(handle)
                 self._started(job_id, handle)
                 execution.outcome = (S.SUCCEEDED, "finished", handle.wait())
@@ -456,8 +372,11 @@ class Scheduler:
         self.wake()
 
     def _prepare(self, execution: Execution, resume: bool) -> tuple[Any, dict[str, Any]]:
-        """VALIDATING → PROVISIONING (deep validation, with torch), or resume as is."""
+        """The job's plan, made here once from its row and carried to its worker group;
+        VALIDATING → PROVISIONING after the memory rule and the plan's report (with torch),
+        or a resumed job planned again as it was admitted."""
         from csx_config import JobSpec
+        from training.plan import plan_job
 
         job_id = execution.job_id
         with self.sessions() as session:
@@ -468,13 +387,17 @@ class Scheduler:
                 too_big = memory_problems(spec, job.num_csx, self.settings)
                 if too_big:
                     raise ValueError(f"invalid job: {too_big[0][1]}")
-                try:
-                    from workers.plan import validate_plan
+            try:
+                plan = plan_job(spec, job.num_csx, max_failures=job.max_failures,
+                                experiment=experiment_name(self.settings.mlflow_access, job.owner.name,
+                                                           job.experiment))
+                if not resume:
+                    from training.report import plan_report
 
-                    job.plan = json.loads(json.dumps(validate_plan(spec, job.num_csx),
-                                                     default=str))
-                except (ValueError, TypeError) as err:
-                    raise ValueError(f"invalid job: {err}") from err
+                    job.plan = json.loads(json.dumps(plan_report(plan), default=str))
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"invalid job: {err}") from err
+            if not resume:
                 ignored = job.plan.get("not_applied") or []
                 note = f"; not applied here (hardware-only keys): {', '.join(ignored)}" if ignored else ""
                 self._move(session, job, S.PROVISIONING, f"plan validated{note}")
@@ -483,13 +406,10 @@ class Scheduler:
 
             run_name, run_tags = run_identity(job)  # MLflow run name and csx.* tags
             launch_args = {
-                "num_csx": job.num_csx, "mode": job.mode, "model_dir": str(model_dir),
+                "mode": job.mode, "model_dir": str(model_dir),
                 "mlflow_run_id": job.mlflow_run_id,
-                "experiment": experiment_name(self.settings.mlflow_access, job.owner.name,
-                                              job.experiment),
                 "parent_run_id": None,
                 "progress": lambda event: self._on_progress(execution, event),
-                "max_failures": job.max_failures,
                 "tracking_uri": self.settings.mlflow_tracking_uri,
                 "run_name": run_name, "tags": run_tags,
             }
@@ -497,7 +417,7 @@ class Scheduler:
             session.commit()
         if study_id is not None:  # outside the transaction: MLflow may take minutes to answer
             launch_args["parent_run_id"] = self._parent_run(study_id)
-        return spec, launch_args
+        return plan, launch_args
 
     def _parent_run(self, study_id: int) -> str:
         """The study's parent MLflow run, opened by its first job to start (not by the request
@@ -541,7 +461,7 @@ class Scheduler:
         event = json.loads(json.dumps(event, default=str))
         joblogs.append(execution.folder, json.dumps(event))
 
-        if event.get("event") == "checkpoint_skipped":  # workers.train.SKIPPED_CHECKPOINT
+        if event.get("event") == "checkpoint_skipped":  # training.loop.SKIPPED_CHECKPOINT
             return  # a warning for the job's log (written above), not progress
 
         def apply(session: Session, job: Job) -> None:

@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from csx_config import JobSpec, with_overrides
+from csx_config import JobSpec, batch_split_problem, with_overrides
 
 # Ids are `integer` columns: 32-bit on PostgreSQL. A larger id cannot exist, so it is a 422
 # (PostgreSQL refused to compare one: a 500).
@@ -169,9 +169,8 @@ class StudyVariant(BaseModel):
                 f"{where}.{field}: batch_size {batch} x max_steps {steps} must equal the base's "
                 f"{base_batch} x {base_steps} = {tokens} sequences (every variant trains on the "
                 "same tokens)")
-        if batch % num_csx:
-            raise ValueError(f"{where}.batch_size: global batch_size {batch} must divide evenly "
-                             f"over num_csx={num_csx}")
+        if split := batch_split_problem(batch, num_csx, where):
+            raise ValueError(split)
         return self.model_copy(update={"batch_size": batch, "max_steps": steps})
 
 

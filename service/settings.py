@@ -15,7 +15,7 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.cluster import machine_summary
-from service.local_stack import RAY_WORKER_PORTS, check_clear_of_ray_workers
+from service.processes import RAY_WORKER_PORTS, check_clear_of_ray_workers
 from service.mlflow_auth import MlflowAccess
 from workers.hardware import ClusterSummary
 

@@ -199,10 +199,10 @@ def gap_verdict(exceeds_noise: bool | None) -> str:
 
 
 def open_parent_run(settings: Settings, study: Study) -> tuple[str, str]:
-    """(experiment id, run id) of the study's parent run (loads torch via workers.tracking)."""
+    """(experiment id, run id) of the study's parent run (loads torch via tracking.tracker)."""
     from mlflow.tracking import MlflowClient
 
-    from workers.tracking import create_run
+    from tracking.tracker import create_run
 
     experiment = experiment_name(settings.mlflow_access, study.owner.name, study.experiment)
     run_id = create_run(experiment, tracking_uri=settings.mlflow_tracking_uri,
@@ -297,7 +297,7 @@ def study_figures(study: Study, report: StudyReport) -> dict[str, Any]:
     """The study's matplotlib figures by file name, each only once it has data:
     study_perplexity.png (eval loss and perplexity per variant and seed, in the variants'
     run colours) and study_tradeoff.png (final perplexity against projected speed-up)."""
-    from workers.plots import curves_figure, tradeoff_figure
+    from tracking.plots import curves_figure, tradeoff_figure
 
     curves, colours = {}, {}
     for job in study.jobs:
@@ -323,7 +323,7 @@ def study_figures(study: Study, report: StudyReport) -> dict[str, Any]:
 
 
 def _write_figures(figures: dict[str, Any], folder: Path) -> dict[str, Path]:
-    from workers.plots import save_figure
+    from tracking.plots import save_figure
 
     for name, figure in figures.items():
         save_figure(figure, folder / name)

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from service.local_stack import (
+from service.processes import (
     HOST,
     MLFLOW_ARTIFACTS,
     RAY_STARTED,

@@ -21,11 +21,11 @@ RAY_SESSION_FILES = frozenset({
     "tests/service/test_service_studies.py",
     "tests/workers/test_runner_plumbing.py",
     "tests/workers/test_runner_train.py",
-    "tests/workers/test_tracking.py",
-    "tests/workers/test_workers_cli.py",
-    "tests/workers/test_workers_modelzoo_e2e.py",
-    "tests/workers/test_workers_modelzoo_families_e2e.py",
-    "tests/workers/test_workers_restarts.py",
+    "tests/tracking/test_tracking.py",
+    "tests/csx/test_cli.py",
+    "tests/training/test_modelzoo_e2e.py",
+    "tests/training/test_modelzoo_families_e2e.py",
+    "tests/training/test_restarts.py",
 })
 OWN_SERVER_FILES = frozenset({
     "tests/service/test_service_local_stack.py",

@@ -116,7 +116,7 @@ def test_a_copied_store_opens_with_the_readme_line_after_the_original_is_gone(tm
     import torch
     from mlflow import MlflowClient
 
-    from service.local_stack import (
+    from service.processes import (
         MLFLOW_ARTIFACTS,
         MLFLOW_STORE,
         StackProcess,
@@ -124,7 +124,7 @@ def test_a_copied_store_opens_with_the_readme_line_after_the_original_is_gone(tm
         mlflow_ui_argv,
         wait_until_up,
     )
-    from workers.tracking import Tracker
+    from tracking.tracker import Tracker
 
     env = reader_environment({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     original = tmp_path / "first" / ".csx"

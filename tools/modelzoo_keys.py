@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from csx_config import keys, params_v1, params_v2, trainer
-from csx_config.sections import MODELS_NOT_BUILT, InputSpec, ModelSpec, OptimizerSpec, RunConfigSpec, TrainInputSpec
+from csx_config.model import MODELS_NOT_BUILT, ModelSpec
+from csx_config.sections import InputSpec, OptimizerSpec, RunConfigSpec, TrainInputSpec
 
 SECTIONS = {"train_input": TrainInputSpec, "eval_input": InputSpec, "model": ModelSpec,
             "optimizer": OptimizerSpec, "runconfig": RunConfigSpec}

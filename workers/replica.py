@@ -90,19 +90,19 @@ class CsxWorker:
             self._allreduce_s += time.perf_counter() - started
         self._allreduce_calls += 1
 
-    def train(self, spec: Any, *, model_dir: str, mode: str, tracker_args: dict | None,
+    def train(self, plan: Any, *, model_dir: str, mode: str, tracker_args: dict | None,
               relay: Any, train_fn: Callable[..., dict] | None) -> dict[str, Any]:
-        """Run the loop on this rank; rank 0 also logs to MLflow and reports progress."""
-        from workers.tracking import Tracker
+        """Run the loop on this rank of the job's plan (training.plan.JobPlan); rank 0 also
+        logs to MLflow and reports progress."""
+        from tracking.tracker import Tracker
 
         if train_fn is None:
-            from workers.train import train as train_fn
+            from training.loop import train as train_fn
         tracker = Tracker(**tracker_args) if tracker_args is not None else None
         progress = (lambda event: ray.get(relay.put.remote(event))) if relay is not None else None
         started = time.perf_counter()
         try:
-            summary = train_fn(spec, model_dir=model_dir, mode=mode, rank=self.rank,
-                               world_size=self.world_size,
+            summary = train_fn(plan, model_dir=model_dir, mode=mode, rank=self.rank,
                                all_reduce=self.all_reduce if self.world_size > 1 else None,
                                tracker=tracker, progress=progress, device=self.device)
         except BaseException:

@@ -1,11 +1,12 @@
 """Data-parallel training over simulated CS-2 systems: one Ray actor per system, gloo (CPU) or
 NCCL (GPU) between; every job, `num_csx` 1 included, from `csx run` or the service, runs here.
 
-The driver (`start_job` / `run_job`) creates the MLflow run, reserves a placement group of
-`num_csx` bundles (each system's CPUs, GPUs and one `csx`: workers/hardware.py; PACK or SPREAD
-as `runconfig.placement_strategy` says), starts one actor per bundle, lets rank 0 pick a
+The driver (`start_job` / `run_job`) takes the job's plan (training/plan.py: made where the
+job was admitted, `csx run` or the service's scheduler), creates the MLflow run, reserves a
+placement group of `num_csx` bundles (each system's CPUs, GPUs and one `csx`:
+workers/hardware.py; PACK or SPREAD as `runconfig.placement_strategy` says), starts one actor per bundle, lets rank 0 pick a
 rendezvous port, forms a process group among them and has every actor call the same loop,
-`workers.train.train`, with an `all_reduce` that averages gradients over the group (flattened
+`training.loop.train`, with an `all_reduce` that averages gradients over the group (flattened
 into one buffer per dtype: one collective per step, not one per tensor). Only rank 0 gets a
 `Tracker` and reports progress.
 
@@ -15,8 +16,8 @@ of 1 CPU and one csx each, a trivial loop, load average 5-10) TorchTrainer reach
 first line 27-34 s after `fit()` against 6-18 s for this group, and a `ray.train.report` took
 0.18-0.20 s against 0.04-0.07 s for a progress event through our relay.
 
-If an actor dies, the whole group is killed and a fresh one started, up to `max_failures`
-times; `train()` resumes from the newest checkpoint in `model_dir`. Every rank returns the
+If an actor dies, the whole group is killed and a fresh one started, up to the plan's
+`max_failures` times; `train()` resumes from the newest checkpoint in `model_dir`. Every rank returns the
 hash of its masks after each mask update, and the driver refuses a run whose replicas
 disagree, naming the first diverging update step.
 """
@@ -44,14 +45,13 @@ from workers.hardware import (
     per_system_hardware,
 )
 from workers.progress import ProgressRelay
-from csx_config import JobSpec
-from workers.tracking import end_run, open_run, resolve_tracking_uri
+from tracking.tracker import end_run, open_run, resolve_tracking_uri
 from workers.replica import CsxWorker
-from workers.train import MaskDivergence
+from training.loop import MaskDivergence
+from training.plan import MODES, JobPlan
 
 log = logging.getLogger(__name__)
 
-MODES = ("train", "eval", "train_and_eval", "eval_all")
 # After one rank fails, how long the others get to fail too (peers of a killed process see
 # gloo connection errors within milliseconds) before the failure is classified.
 FAILURE_GRACE_S = 10.0
@@ -119,13 +119,13 @@ def _worker_runtime_env() -> dict[str, Any]:
     return {"env_vars": env}
 
 
-def resolve_hardware(spec: JobSpec, num_csx: int) -> SystemHardware:
-    """Each system's CPUs and GPUs for this job on the connected cluster (runconfig's
+def resolve_hardware(plan: JobPlan) -> SystemHardware:
+    """Each system's CPUs and GPUs for this job on the connected cluster (the plan's
     cpus_per_csx / gpus_per_csx, else the cluster's share); ValueError when it can never fit."""
-    rc = spec.runconfig
-    return per_system_hardware(nodes_from_ray(ray.nodes()), num_csx,
-                               cpus_per_csx=rc.cpus_per_csx, gpus_per_csx=rc.gpus_per_csx,
-                               placement=rc.placement_strategy)
+    asked = plan.hardware
+    return per_system_hardware(nodes_from_ray(ray.nodes()), plan.num_csx,
+                               cpus_per_csx=asked.cpus_per_csx, gpus_per_csx=asked.gpus_per_csx,
+                               placement=asked.placement)
 
 
 def first_mask_divergence(hashes_per_rank: list[list[Any]]) -> str | None:
@@ -147,18 +147,17 @@ def first_mask_divergence(hashes_per_rank: list[list[Any]]) -> str | None:
 class JobHandle:
     """A running job: `wait()` for its summary, `cancel()` to stop it (kills every actor)."""
 
-    def __init__(self, spec: JobSpec, *, num_csx: int, mode: str, model_dir: str,
-                 run_id: str | None, tracking_uri: str | None, progress: ProgressCallback | None,
-                 max_failures: int, train_fn: Callable[..., dict] | None,
-                 hardware: SystemHardware) -> None:
-        self.spec = spec
-        self.num_csx = num_csx
+    def __init__(self, plan: JobPlan, *, mode: str, model_dir: str, run_id: str | None,
+                 tracking_uri: str | None, progress: ProgressCallback | None,
+                 train_fn: Callable[..., dict] | None, hardware: SystemHardware) -> None:
+        self.plan = plan
+        self.num_csx = plan.num_csx
         self.hardware = hardware
         self.mode = mode
         self.model_dir = model_dir
         self.run_id = run_id
         self.tracking_uri = tracking_uri
-        self.max_failures = max_failures
+        self.max_failures = plan.max_failures
         self.attempts = 0
         self._progress = progress
         self._train_fn = train_fn
@@ -241,9 +240,9 @@ class JobHandle:
             ray.get([actor.join_group.remote(host, port) for actor in actors])
         tracker_args = None
         if self.run_id is not None:
-            tracker_args = {"experiment": self.spec.runconfig.mlflow_experiment,
+            tracker_args = {"experiment": self.plan.experiment,
                             "run_id": self.run_id, "tracking_uri": self.tracking_uri}
-        refs = [actor.train.remote(self.spec, model_dir=self.model_dir, mode=self.mode,
+        refs = [actor.train.remote(self.plan, model_dir=self.model_dir, mode=self.mode,
                                    tracker_args=tracker_args if rank == 0 else None,
                                    relay=relay if rank == 0 else None,
                                    train_fn=self._train_fn)
@@ -331,68 +330,48 @@ class JobHandle:
             remove_placement_group(group)
 
 
-def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,
-              mlflow_run_id: str | None = None, experiment: str | None = None,
-              parent_run_id: str | None = None, progress: ProgressCallback | None = None,
-              max_failures: int | None = None, tracking: bool = True,
+def start_job(plan: JobPlan, *, mode: str = "train", model_dir: str,
+              mlflow_run_id: str | None = None, parent_run_id: str | None = None,
+              progress: ProgressCallback | None = None, tracking: bool = True,
               tracking_uri: str | None = None,
               run_name: str | None = None, tags: Mapping[str, str] | None = None,
               train_fn: Callable[..., dict] | None = None) -> JobHandle:
-    """Validate, create (or reuse) the MLflow run, connect to Ray and start the first attempt's
-    bookkeeping; the returned handle runs the job in `wait()`.
+    """Create (or reuse) the MLflow run, connect to Ray and start the first attempt's
+    bookkeeping for `plan` (training.plan.plan_job); the returned handle runs the job in
+    `wait()`.
 
-    `train_fn` is the per-rank loop with `workers.train.train`'s signature (the default).
+    `train_fn` is the per-rank loop with `training.loop.train`'s signature (the default).
     `run_name` and `tags` name and tag a newly created run (see `open_run`).
     """
-    if not isinstance(spec, JobSpec):
-        raise TypeError(f"spec must be a csx_config.JobSpec, got {type(spec).__name__}")
-    if not isinstance(num_csx, int) or isinstance(num_csx, bool) or not 1 <= num_csx <= 192:
-        raise ValueError(f"num_csx must be an integer in [1, 192], got {num_csx!r}")
+    if not isinstance(plan, JobPlan):
+        raise TypeError(f"plan must be a training.plan.JobPlan, got {type(plan).__name__}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    batch_size = spec.train_input.batch_size
-    if batch_size % num_csx:
-        raise ValueError(f"train_input.batch_size ({batch_size}) must be divisible by "
-                         f"num_csx ({num_csx}): each system takes an equal slice")
-    if max_failures is None:
-        max_failures = spec.runconfig.max_failures
-    if max_failures < 0:
-        raise ValueError(f"max_failures must be >= 0, got {max_failures}")
-    spec = spec.model_copy(deep=True)
-    spec.runconfig.num_csx = num_csx
-    if experiment is not None:
-        spec.runconfig.mlflow_experiment = experiment
     os.makedirs(model_dir, exist_ok=True)
     model_dir = os.path.abspath(model_dir)
 
-    connect_ray(systems=num_csx)
-    hardware = resolve_hardware(spec, num_csx)
+    connect_ray(systems=plan.num_csx)
+    hardware = resolve_hardware(plan)
     run_id = None
     if tracking:
         tracking_uri = resolve_tracking_uri(tracking_uri)
-        run_id = mlflow_run_id or open_run(spec, num_csx=num_csx, tracking_uri=tracking_uri,
-                                           parent_run_id=parent_run_id, run_name=run_name,
-                                           tags=tags)
-    return JobHandle(spec, num_csx=num_csx, mode=mode, model_dir=model_dir, run_id=run_id,
-                     tracking_uri=tracking_uri, progress=progress, max_failures=max_failures,
-                     train_fn=train_fn, hardware=hardware)
+        run_id = mlflow_run_id or open_run(plan, tracking_uri=tracking_uri, parent_run_id=parent_run_id,
+                                           run_name=run_name, tags=tags)
+    return JobHandle(plan, mode=mode, model_dir=model_dir, run_id=run_id, tracking_uri=tracking_uri,
+                     progress=progress, train_fn=train_fn, hardware=hardware)
 
 
-def run_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,
-            mlflow_run_id: str | None = None, experiment: str | None = None,
-            parent_run_id: str | None = None, progress: ProgressCallback | None = None,
-            max_failures: int | None = None, tracking: bool = True,
+def run_job(plan: JobPlan, *, mode: str = "train", model_dir: str,
+            mlflow_run_id: str | None = None, parent_run_id: str | None = None,
+            progress: ProgressCallback | None = None, tracking: bool = True,
             tracking_uri: str | None = None,
             run_name: str | None = None, tags: Mapping[str, str] | None = None,
             train_fn: Callable[..., dict] | None = None) -> dict[str, Any]:
-    """Run a job to completion on `num_csx` simulated systems and return its summary."""
+    """Run a job to completion on its plan's `num_csx` simulated systems and return its summary."""
     started = time.perf_counter()
-    handle = start_job(spec, num_csx=num_csx, mode=mode, model_dir=model_dir,
-                       mlflow_run_id=mlflow_run_id, experiment=experiment,
-                       parent_run_id=parent_run_id, progress=progress,
-                       max_failures=max_failures, tracking=tracking,
-                       tracking_uri=tracking_uri, train_fn=train_fn, run_name=run_name,
-                       tags=tags)
+    handle = start_job(plan, mode=mode, model_dir=model_dir, mlflow_run_id=mlflow_run_id,
+                       parent_run_id=parent_run_id, progress=progress, tracking=tracking,
+                       tracking_uri=tracking_uri, train_fn=train_fn, run_name=run_name, tags=tags)
     summary = handle.wait()
     summary["job_wall_s"] = time.perf_counter() - started
     return summary

@@ -12,7 +12,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from corpus import FILES, check_outcomes
-from workers import cli
+from csx import cli
 
 
 def test_every_corpus_file_through_csx_run_validate_only(capsys) -> None:

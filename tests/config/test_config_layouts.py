@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from corpus import FILES, family_layout
 from csx_config import JobSpec, ModelSpec, detect_layout, parse_yaml, with_overrides
-from workers import cli
+from csx import cli
 
 
 def _spec(text: str, overrides: list[str] | None = None) -> JobSpec:
@@ -97,7 +97,8 @@ def test_trainer_keys_without_a_meaning_here_are_named(text: str, words: str) ->
 def test_use_rms_norm_builds_rmsnorm_not_layernorm() -> None:
     from torch import nn
 
-    from workers.model import ModelConfig, build_model
+    from models.config import ModelConfig
+    from models.transformer import build_model
 
     small = "hidden_size: 32, num_hidden_layers: 1, num_heads: 2, filter_size: 64, vocab_size: 64"
     norms = {}

@@ -31,7 +31,7 @@ from fastapi.testclient import TestClient
 
 from service import crud, joblogs
 from service.db import make_engine, upgrade_database
-from service.local_stack import StackProcess, descendants, free_port, wait_until_up
+from service.processes import StackProcess, descendants, free_port, wait_until_up
 from service.models import Base, Job
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,8 @@ PG_SCRIPT = Path(__file__).with_name("pg.sh")
 
 
 class ScriptedHandle:
-    def __init__(self, job_kwargs: dict[str, Any]) -> None:
+    def __init__(self, plan: Any, job_kwargs: dict[str, Any]) -> None:
+        self.plan = plan  # training.plan.JobPlan: what the scheduler admitted
         self.kwargs = job_kwargs
         self.run_id = job_kwargs.get("mlflow_run_id")
         self.outcome: dict[str, Any] | BaseException | None = None
@@ -68,15 +69,15 @@ class ScriptedLauncher:
         self.handles: list[ScriptedHandle] = []  # in launch order
         self.create_runs = False  # like start_job: open an MLflow run when none is given
 
-    def __call__(self, spec: Any, **kwargs: Any) -> ScriptedHandle:
-        handle = ScriptedHandle(kwargs)
+    def __call__(self, plan: Any, **kwargs: Any) -> ScriptedHandle:
+        handle = ScriptedHandle(plan, kwargs)
         if self.create_runs and handle.run_id is None:
             from mlflow.tracking import MlflowClient
 
             client = MlflowClient(kwargs["tracking_uri"])
-            experiment = client.get_experiment_by_name(kwargs["experiment"])
+            experiment = client.get_experiment_by_name(plan.experiment)
             experiment_id = (experiment.experiment_id if experiment
-                             else client.create_experiment(kwargs["experiment"]))
+                             else client.create_experiment(plan.experiment))
             handle.run_id = client.create_run(experiment_id).info.run_id
         self.handles.append(handle)
         return handle

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from service import joblogs
 from service.settings import Settings
 from service_helpers import ScriptedLauncher, job_body, job_folder, wait_status
-from workers.safe_files import os_error
+from training.safe_files import os_error
 
 DEADLINE_S = 60  # far beyond an answer's milliseconds; the old code blocked for good
 

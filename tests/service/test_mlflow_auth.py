@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service import run_tags
-from service.local_stack import HOST, StackProcess, free_port, wait_until_up
+from service.processes import HOST, StackProcess, free_port, wait_until_up
 from service.main import create_app
 from service.mlflow_auth import CREDENTIALS_ENV, MlflowAccess, server_env
 from service.settings import Settings

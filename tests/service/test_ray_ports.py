@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service.cli import main as csx_service
-from service.local_stack import RAY_WORKER_PORTS, LocalStack
+from service.local_stack import LocalStack
+from service.processes import RAY_WORKER_PORTS
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,6 +21,7 @@ from service.models import Job
 from service.settings import Settings
 from service_helpers import (REPO_ROOT, ScriptedLauncher, ServerProcess, health_latencies_during,
                              job_body, job_folder, make_token, wait_status)
+from training.plan import plan_job
 
 
 def _problems(response) -> list[tuple[list, str]]:
@@ -120,7 +121,7 @@ def test_the_limit_is_per_worker_so_more_systems_admit_a_bigger_batch(
     settings = client.app.state.settings
     body = job_body(model={"preset": "small"}, train_input={"batch_size": 64,
                                                              "max_sequence_length": 256})
-    from workers.memory import estimate
+    from training.memory import estimate
     from csx_config import JobSpec
 
     one = sum(estimate(JobSpec.model_validate(body["params"]), 1).values())
@@ -134,7 +135,7 @@ def test_the_limit_is_per_worker_so_more_systems_admit_a_bigger_batch(
 
 def test_a_model_vocabulary_below_the_tokenizers_is_refused_at_submit(
         client: TestClient, alice: dict[str, str]) -> None:
-    """The estimate sizes the model with the data's vocabulary (workers.data): one the byte
+    """The estimate sizes the model with the data's vocabulary (training.data): one the byte
     tokenizer cannot fit is a 422, not a queued job that fails when its workers build it."""
     body = job_body(model={"preset": "tiny", "vocab_size": 100})
     message = _memory_refusal(client.post("/v1/jobs", json=body, headers=alice))
@@ -187,8 +188,8 @@ def test_the_admission_estimate_is_the_plans_memory(heads, head_dim, layers, fil
                                                     batch, optimizer, kv_groups, inner_heads,
                                                     extras) -> None:
     """Arithmetic on the spec equals what the plan counts on the model it builds (meta)."""
-    from workers.memory import estimate
-    from workers.plan import validate_plan
+    from training.memory import estimate
+    from training.report import plan_report
     from csx_config import JobSpec
 
     model = {"hidden_size": heads * head_dim, "num_heads": heads, "num_hidden_layers": layers,
@@ -210,7 +211,7 @@ def test_the_admission_estimate_is_the_plans_memory(heads, head_dim, layers, fil
         "model": model, "train_input": {"batch_size": batch, "max_sequence_length": 16},
         "optimizer": {"optimizer_type": optimizer, "momentum": 0.9 if optimizer == "SGD" else None},
         "sparsity": {"algorithm": "static", "sparsity": 0.5}})
-    plan = validate_plan(spec, 2)
+    plan = plan_report(plan_job(spec, 2))
     assert estimate(spec, 2) == plan["memory"]["per_worker"]
 
 
@@ -218,7 +219,7 @@ def test_the_admission_estimate_is_the_plans_memory(heads, head_dim, layers, fil
 def test_csx_run_refuses_the_huge_model_before_building_it(tmp_path: Path, capsys) -> None:
     import yaml
 
-    from workers.cli import main
+    from csx.cli import main
 
     params = tmp_path / "huge.yaml"
     params.write_text(yaml.safe_dump(job_body(**HUGE_SPARSE)["params"]))

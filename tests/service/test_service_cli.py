@@ -1,4 +1,4 @@
-"""`csx token create` through workers/cli.py's lazy plugin hook."""
+"""`csx token create` through csx/cli.py's lazy plugin hook."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from service.models import Token
 
 
 def _csx(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workers.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "csx.cli", *args], capture_output=True,
                           text=True, env=env, timeout=120)
 
 

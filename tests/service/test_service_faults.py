@@ -258,7 +258,7 @@ def test_a_skipped_damaged_checkpoint_is_in_the_jobs_log(
     """A resume passing over a damaged checkpoint warned only on the worker's stderr; the
     worker now sends the warning as a progress event, which the service writes to the job's
     log without taking it for progress."""
-    from workers.train import SKIPPED_CHECKPOINT
+    from training.loop import SKIPPED_CHECKPOINT
 
     job_id = _submit(client, alice)
     handle = launcher.handle_for(job_id)

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from csx_config import JobSpec
 from service_helpers import job_body
 from workers.hardware import ClusterSummary
-from workers.memory import estimate
+from training.memory import estimate
 
 GPUS_PER_CSX = ["body", "params", "runconfig", "gpus_per_csx"]
 BODY = job_body(model={"preset": "small"},

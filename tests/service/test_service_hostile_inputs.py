@@ -286,7 +286,7 @@ def test_status_message_is_one_line_and_the_traceback_stays_in_the_log(
     failure = RuntimeError(
         "ray::CsxWorker.train() (pid=4242, ip=10.0.0.7)\n"
         'Traceback (most recent call last):\n  File "/opt/venv/lib/python3.11/site-packages/'
-        'workers/train.py", line 12, in train\n    load(path)\n'
+        'training/loop.py", line 12, in train\n    load(path)\n'
         f"FileNotFoundError: checkpoint {internal} is truncated; see /opt/venv/lib/x.py")
     launcher.handle_for(job_id).finish(failure)
     job = wait_status(client, alice, job_id, "FAILED")

@@ -30,7 +30,7 @@ def test_name_lists_match_the_sparsity_registries() -> None:
 
 
 def test_builtin_data_set_names_match_the_workers() -> None:
-    from workers import text
+    from training import text
 
     builtin = sorted(v.removeprefix("builtin:") for k, v in vars(text).items()
                      if k.startswith("BUILTIN_") and isinstance(v, str))

@@ -13,16 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.local_stack import (
+from service.local_stack import LocalStack, format_report, progress_line, run_local_study
+from service.processes import (
     RAY_WORKER_PORTS,
-    LocalStack,
-    descendants,
-    free_port,
     StackError,
     StackProcess,
-    format_report,
-    progress_line,
-    run_local_study,
+    descendants,
+    free_port,
     wait_for_line,
 )
 from service.supervised import MlflowUI, RayHead
@@ -138,7 +135,7 @@ def test_reference_study_yaml_is_the_issue_study():
 def test_die_with_parent_child_stops_when_its_parent_is_sigkilled(tmp_path):
     """A child in a session of its own survives its parent's SIGKILL unless it dies with it."""
     parent = ("import sys, time; from pathlib import Path; "
-              "from service.local_stack import StackProcess; "
+              "from service.processes import StackProcess; "
               "StackProcess.start('sleeper', [sys.executable, '-c', 'import time; time.sleep(120)'],"
               " log_path=Path(sys.argv[1]), env={'MARK': sys.argv[2]}, cwd=Path(sys.argv[2]),"
               " die_with_parent=sys.argv[3] == 'yes'); print('up', flush=True); time.sleep(120)")

@@ -16,7 +16,7 @@ import pytest
 from mlflow import MlflowClient
 
 from service.studies import VARIANT_COLOURS, compare_link
-from workers.tracking import Tracker, create_run
+from tracking.tracker import Tracker, create_run
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

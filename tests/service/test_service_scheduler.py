@@ -37,11 +37,11 @@ def test_job_runs_to_success_through_every_state(client: TestClient, alice: dict
     handle = launcher.handle_for(job_id)
     running = wait_status(client, alice, job_id, "RUNNING")
     assert running["systems"] == [0, 1] and running["started_at"] is not None
-    assert handle.kwargs["num_csx"] == 2 and handle.kwargs["mode"] == "train_and_eval"
+    assert handle.plan.num_csx == 2 and handle.kwargs["mode"] == "train_and_eval"
     assert handle.kwargs["model_dir"] == str(
         job_folder(client, client.app.state.settings.runs_dir, job_id) / "model")
     plan = client.get(f"/v1/jobs/{job_id}", headers=alice).json()["plan"]
-    assert plan, "VALIDATING stores validate_plan's result"
+    assert plan, "VALIDATING stores the plan's report"
     handle.kwargs["progress"]({"step": 5, "max_steps": 10, "loss": 2.5})
     wait_for(lambda: client.get(f"/v1/jobs/{job_id}", headers=alice).json()["progress"],
              what="progress")
@@ -148,7 +148,7 @@ def test_recovering_follows_worker_loss_events(client: TestClient, alice: dict[s
     assert recovering["failures"] == 1 and "actor died" in recovering["status_message"]
     handle.kwargs["progress"]({"step": 3, "max_steps": 10})
     wait_status(client, alice, job_id, "RUNNING")
-    assert handle.kwargs["max_failures"] == 2
+    assert handle.plan.max_failures == 2
     handle.finish({})
     wait_status(client, alice, job_id, "SUCCEEDED")
 

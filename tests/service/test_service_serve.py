@@ -21,14 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.local_stack import (
-    DEV_TOKEN_LINE,
-    StackProcess,
-    descendants,
-    free_port,
-    wait_for_line,
-    wait_until_up,
-)
+from service.local_stack import DEV_TOKEN_LINE
+from service.processes import StackProcess, descendants, free_port, wait_for_line, wait_until_up
 from service_helpers import kill_and_expect_nothing_left, wait_for
 
 TINY = {

@@ -19,8 +19,8 @@ from service.models import Study
 from service.schemas import StudyReport
 from service.settings import Settings
 from service.studies import compare_link, study_figures
-from workers.plots import axes_hold_data
-from workers.tracking import LAYER_METRICS
+from tracking.plots import axes_hold_data
+from tracking.tracker import LAYER_METRICS
 from service_helpers import make_token, wait_for
 
 ALGORITHMS = ["dense", "static", "set", "rigl", "granet"]

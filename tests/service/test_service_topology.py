@@ -37,7 +37,7 @@ from sqlalchemy import select
 
 from service import crud
 from service.db import make_engine, make_sessionmaker
-from service.local_stack import (
+from service.processes import (
     HOST,
     RAY_STARTED,
     StackProcess,

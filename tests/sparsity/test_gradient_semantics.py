@@ -247,7 +247,7 @@ def test_grow_init_initial_dist_survives_a_state_dict_round_trip():
 
 
 def test_data_parallel_replicas_grow_from_the_all_reduced_dense_gradient():
-    """As workers/train.py does it: each replica backpropagates its half of the batch, the
+    """As training/loop.py does it: each replica backpropagates its half of the batch, the
     gradients and the captured dense gradients are averaged in one collective, then each steps.
     Every replica must end with the masks of one process stepping on the whole batch."""
     shape = (10, 8)

@@ -30,8 +30,9 @@ DRIVER = """
 import json, sys
 from workers.runner import run_job
 from csx_config import JobSpec
+from training.plan import plan_job
 spec = JobSpec.from_yaml(sys.argv[2])
-summary = run_job(spec, num_csx=2, model_dir=sys.argv[1], tracking=False)
+summary = run_job(plan_job(spec, 2), model_dir=sys.argv[1], tracking=False)
 print("SUMMARY " + json.dumps({k: summary[k] for k in ("steps", "mask_hashes", "num_csx")}))
 """
 SPEC = """
@@ -145,12 +146,13 @@ import ray
 from workers.runner import connect_ray, run_job
 from csx_config import JobSpec
 from service.cluster import live_summary
+from training.plan import plan_job
 connect_ray(systems=2)
 deadline = time.monotonic() + 120
 while ray.cluster_resources().get("csx", 0) < 2 and time.monotonic() < deadline:
     time.sleep(0.2)  # the second node registers after the head
 cluster = live_summary()
-summary = run_job(JobSpec.from_yaml(sys.argv[2]), num_csx=2, model_dir=sys.argv[1], tracking=False)
+summary = run_job(plan_job(JobSpec.from_yaml(sys.argv[2]), 2), model_dir=sys.argv[1], tracking=False)
 print("SUMMARY " + json.dumps({"systems": cluster.systems, "nodes": cluster.nodes,
                                "workers": summary["workers"], "steps": summary["steps"],
                                "cpus_per_csx": summary["cpus_per_csx"]}))

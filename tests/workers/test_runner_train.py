@@ -1,4 +1,4 @@
-"""The runner with the real loop (workers.train): 1, 2 and 4 simulated systems train the same
+"""The runner with the real loop (training.loop): 1, 2 and 4 simulated systems train the same
 model, a killed worker is replaced and the run resumes exactly, rank 0 logs to MLflow."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 
 from workers.runner import run_job, start_job
 from csx_config import JobSpec
+from training.plan import plan_job
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -31,7 +32,7 @@ runconfig: {max_steps: 20, checkpoint_steps: 10, log_steps: 5, seed: 0, max_fail
 def runs(tmp_path_factory, tracking_uri):
     """The same job on 1, 2 and 4 systems (the 2-system one logs to MLflow)."""
     spec = JobSpec.from_yaml(SPEC)
-    return {n: run_job(spec, num_csx=n, model_dir=str(tmp_path_factory.mktemp(f"csx{n}")),
+    return {n: run_job(plan_job(spec, n), model_dir=str(tmp_path_factory.mktemp(f"csx{n}")),
                        tracking=n == 2, tracking_uri=tracking_uri)
             for n in (1, 2, 4)}
 
@@ -71,9 +72,8 @@ def test_killed_worker_resumes_from_checkpoint_and_matches(runs, tmp_path, track
             killed.append(handle.worker_pids()[1])
             os.kill(killed[0], signal.SIGKILL)
 
-    handle = start_job(JobSpec.from_yaml(SPEC), num_csx=2, model_dir=str(tmp_path),
-                       max_failures=1, tracking_uri=tracking_uri,
-                       progress=kill_rank_1_at_step_15)
+    handle = start_job(plan_job(JobSpec.from_yaml(SPEC), 2, max_failures=1), model_dir=str(tmp_path),
+                       tracking_uri=tracking_uri, progress=kill_rank_1_at_step_15)
     summary = handle.wait()
     reference = runs[2]
 

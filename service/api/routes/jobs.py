@@ -121,10 +121,11 @@ def validate_job(parsed: ParsedJob, user: CurrentUser) -> ValidationPublic:
     """The --validate_only plan for a submission, without queueing it (loads torch)."""
     _, job_in, _ = parsed
     num_csx = resolve_num_csx(job_in, job_in.params)
-    from workers.plan import validate_plan
+    from training.plan import plan_job
+    from training.report import plan_report
 
     try:
-        plan = validate_plan(job_in.params, num_csx)
+        plan = plan_report(plan_job(job_in.params, num_csx))
     except (ValueError, TypeError) as err:
         raise unprocessable([(("params",), str(err))]) from None
     except (RuntimeError, MemoryError) as err:

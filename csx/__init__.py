@@ -1,0 +1,1 @@
+"""The ``csx`` command: its training subcommands and the service's, above both packages."""

@@ -1,0 +1,1 @@
+"""MLflow tracking: runs, their params, batched metrics and mask artifacts, and the figures."""

@@ -40,6 +40,7 @@ from training.build import build_run  # noqa: E402
 from training.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
 from training.text import ByteTokenizer, encode_documents, load_splits  # noqa: E402
 from training.loop import evaluate, train  # noqa: E402
+from training.plan import plan_job  # noqa: E402
 
 STUDY = REPO / "examples" / "study_baby_gpt.yaml"
 OUT = REPO / "research" / "results" / "eval_mode_gap.json"
@@ -62,9 +63,9 @@ def params(steps: int, dropout: float) -> dict:
 def ours(spec: JobSpec, folder: Path) -> dict:
     torch.set_num_threads(1)
     start = time.perf_counter()
-    summary = train(spec, model_dir=str(folder))
+    summary = train(plan_job(spec), model_dir=str(folder))
     wall_s = time.perf_counter() - start
-    run = build_run(spec, folder / "eval", rank=0, world_size=1, device=torch.device("cpu"))
+    run = build_run(plan_job(spec), folder / "eval", rank=0, device=torch.device("cpu"))
     rows = []
     for step, path in list_checkpoints(folder):
         run.model.load_state_dict(load_checkpoint(path)["model"])

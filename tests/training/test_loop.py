@@ -307,7 +307,7 @@ def test_evaluation_runs_without_dropout_and_training_resumes_with_it(tmp_path):
                              "train_input: {batch_size: 4, max_sequence_length: 16}\n"
                              "eval_input: {batch_size: 4, max_sequence_length: 16}\n"
                              "runconfig: {eval_steps: 2, mlflow_experiment: ''}\n")
-    run = build_run(spec, tmp_path, rank=0, world_size=1, device=torch.device("cpu"))
+    run = build_run(plan_job(spec), tmp_path, rank=0, device=torch.device("cpu"))
     first, second = evaluate(run, None)["eval/loss"], evaluate(run, None)["eval/loss"]
     assert first == second
     run.model.eval()

@@ -36,10 +36,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from csx_config import JobSpec  # noqa: E402
-from workers.build import build_run  # noqa: E402
-from workers.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
-from workers.text import ByteTokenizer, encode_documents, load_splits  # noqa: E402
-from workers.train import evaluate, train  # noqa: E402
+from training.build import build_run  # noqa: E402
+from training.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
+from training.text import ByteTokenizer, encode_documents, load_splits  # noqa: E402
+from training.loop import evaluate, train  # noqa: E402
 
 STUDY = REPO / "examples" / "study_baby_gpt.yaml"
 OUT = REPO / "research" / "results" / "eval_mode_gap.json"

@@ -1,6 +1,7 @@
 """The params schema of Cerebras ModelZoo files, for the CLI and the service: imports only
 pydantic and yaml (the service validates jobs without loading torch).
 
+    families      the ModelZoo model families built here, and the refusal of the others
     sections      the params sections (model, optimizer, ...) and their fields
     keys          keys not applied here and why, features refused, hints, all errors at once
     params_v1     1.x keys and their upgrade to the current meaning

@@ -7,6 +7,7 @@ import copy
 from typing import Any, Literal
 
 from csx_config import params_v1, params_v2, trainer
+from csx_config.families import family_refusal
 from csx_config.keys import Problem
 
 Layout = Literal["params_v1", "params_v2", "trainer"]
@@ -22,11 +23,15 @@ def detect_layout(data: dict[str, Any]) -> Layout:
 
 def normalise(data: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[Problem]]:
     """The params form of a file in any layout, with deprecated keys upgraded: (params, notes
-    on each upgrade, problems that stop it)."""
+    on each upgrade, problems that stop it). A file of a model family not built here has that
+    one problem and nothing else (csx_config.families)."""
     if trainer.is_trainer(data):
         params, problems = trainer.to_params(data)
     else:
         params, problems = copy.deepcopy(data), []
+    refused = family_refusal(params)
+    if refused is not None:
+        return {}, [], [refused]
     notes: list[str] = []
     problems += params_v1.upgrade(params, notes)
     params_v2.upgrade(params, notes)

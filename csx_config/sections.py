@@ -21,6 +21,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt,
                       model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from csx_config.families import MODEL_CLASSES, PROCESSOR_FAMILIES, model_name, not_built
 from csx_config.keys import EXTRA_NOT_APPLIED, HARDWARE_ONLY, NOT_APPLIED_REASONS, validate_all_keys
 from csx_config.schedulers import LearningRate, SchedulerSpec, check_sequence, rename_aliases
 
@@ -29,8 +30,6 @@ PresetName = Literal["tiny", "mini", "small"]
 GLU_NONLINEARITIES = ("swiglu", "geglu", "reglu")
 NONLINEARITIES = ("gelu", "gelu_new", "relu", "silu", "swish", *GLU_NONLINEARITIES)
 HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
-# ModelZoo data processors of models not built here, with what they read.
-PROCESSORS_NOT_BUILT = {"DpoHDF5DataProcessor": "preference pairs for DPO"}
 # Keys inside a sparsity config whose numeric values are sparsity levels.
 SPARSITY_LEVEL_KEYS = ("sparsity", "init_sparsity", "end_sparsity", "value", "init", "final",
                        "minimum")
@@ -84,7 +83,8 @@ class InputSpec(_Section):
     def _known_processor(cls, value: str | None) -> str | None:
         choices = (*HDF5_PROCESSORS, "TextDataProcessor")
         if value is not None and value not in choices:
-            what = f" ({PROCESSORS_NOT_BUILT[value]})" if value in PROCESSORS_NOT_BUILT else ""
+            family = PROCESSOR_FAMILIES.get(value)
+            what = f" (the data of ModelZoo's {family} model)" if family else ""
             raise ValueError(f"data_processor {value!r}{what} is not supported here; choose one of {list(choices)}")
         return value
 
@@ -165,17 +165,6 @@ class MoESpec(_Section):
         return self
 
 
-# model.name -> the ModelZoo model class it selects (the class decides the decoder block).
-MODEL_CLASSES: dict[str, str] = {
-    **dict.fromkeys(("gpt2", "gpt3", "llama", "mistral", "btlm", "bloom", "jais", "starcoder",
-                     "santacoder", "mpt", "gemma2", "mixtral"), "GPT2LMHeadModel"),
-    "gptj": "GPTJModel", "falcon": "GPTJModel"}
-# ModelZoo model classes csx does not build, with what each is.
-MODELS_NOT_BUILT: dict[str, str] = {
-    "dpo": "DPO (a policy model and a frozen reference model trained on preference pairs)",
-    "bert": "BERT (an encoder)", "t5": "T5 (an encoder-decoder)", "transformer": "the encoder-decoder Transformer",
-    "llava": "LLaVA (a multimodal model)", "multimodal_simple": "a multimodal model", "esm2": "ESM-2 (an encoder)",
-    "dpr": "DPR (a retrieval encoder pair)"}
 # Keys only the parallel-block GPTJModel reads (GPT-J, GPT-NeoX, Falcon), and the keys only
 # GPT2LMHeadModel reads: a file that names the other class is told which family a key is of.
 CLASS_KEYS: dict[str, frozenset[str]] = {
@@ -277,13 +266,10 @@ class ModelSpec(_Section):
         key of the other class names the family it belongs to."""
         if not isinstance(data, dict):
             return handler(data)
-        name = "dpo" if "dpo" in data else data.get("name")  # 2.x DPO files give model.dpo, no name
+        name = model_name(data)
         if name is not None and (not isinstance(name, str) or name not in MODEL_CLASSES):
-            what = MODELS_NOT_BUILT.get(name) if isinstance(name, str) else None
-            message = (f"model.name: ModelZoo's {name} model, {what}, is not supported here" if what else
-                       f"model.name {name!r} is not a ModelZoo decoder LM; one of {sorted(MODEL_CLASSES)}")
             raise ValidationError.from_exception_data(cls.__name__, [InitErrorDetails(
-                type=PydanticCustomError("not_supported", "{message}", {"message": message}),
+                type=PydanticCustomError("not_supported", "{message}", {"message": not_built(name)}),
                 loc=("name",), input=name)])
         chosen, problems = model_class_problems(data)
         if "residual_dropout_rate" in data and data.get("dropout_rate") == data["residual_dropout_rate"]:

@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from csx_config import keys, params_v1, params_v2, trainer
-from csx_config.sections import MODELS_NOT_BUILT, InputSpec, ModelSpec, OptimizerSpec, RunConfigSpec, TrainInputSpec
+from csx_config.families import MODELS_NOT_BUILT
+from csx_config.sections import InputSpec, ModelSpec, OptimizerSpec, RunConfigSpec, TrainInputSpec
 
 SECTIONS = {"train_input": TrainInputSpec, "eval_input": InputSpec, "model": ModelSpec,
             "optimizer": OptimizerSpec, "runconfig": RunConfigSpec}

@@ -26,8 +26,6 @@ NOT_APPLIED_REASONS: dict[str, str] = {
     "runconfig.log_step_count_steps": "1.x TensorFlow-era logging cadence; runconfig.log_steps applies",
     "runconfig.save_summary_steps": "TensorBoard summaries; metrics go to MLflow every log_steps",
     "runconfig.execution_strategy": "1.x pipeline / weight-streaming choice of the CS system",
-    "runconfig.load_checkpoint_states": "which checkpoint states a CS run loads; all are loaded here",
-    "runconfig.disable_strict_checkpoint_loading": "checkpoints here always match their model",
     "runconfig.max_checkpoints": "checkpoint retention of the CS appliance",
     "optimizer.disable_lr_steps_reset": "1.x: the schedule here always counts from the global step",
     "optimizer.ws_summary": "1.x weight-streaming summaries",

@@ -31,6 +31,10 @@ GLU_NONLINEARITIES = ("swiglu", "geglu", "reglu")
 NONLINEARITIES = ("gelu", "gelu_new", "relu", "silu", "swish", *GLU_NONLINEARITIES)
 HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
 # Keys inside a sparsity config whose numeric values are sparsity levels.
+# The states of a checkpoint, by ModelZoo's names (a 2.x checkpoint calls its LR schedulers
+# "schedulers", earlier ones "lr_scheduler"), and csx's own "rng" (the dropout generator).
+CHECKPOINT_STATES = ("model", "optimizer", "lr_scheduler", "schedulers", "sparsity", "dataloader",
+                     "global_step", "grad_scaler", "rng")
 SPARSITY_LEVEL_KEYS = ("sparsity", "init_sparsity", "end_sparsity", "value", "init", "final",
                        "minimum")
 
@@ -425,7 +429,7 @@ class RunConfigSpec(_Section):
 
     SECTION = "runconfig"
     NOT_APPLIED = frozenset({
-        "enable_distributed", "save_initial_checkpoint", "precision_opt_level", "use_cs_grad_accum",
+        "enable_distributed", "precision_opt_level", "use_cs_grad_accum",
         "use_appliance_data", "compile_only", "validate_only", "mode", "num_workers_per_csx",
         "num_wgt_servers", "num_act_servers", "credentials_path", "mount_dirs", "python_paths",
         "job_labels", "target_device", "autoload_last_checkpoint", "disable_version_check",
@@ -453,6 +457,13 @@ class RunConfigSpec(_Section):
     mlflow_experiment: str = "csx-sparse"
     model_dir: str | None = None
     checkpoint_path: str | None = None  # start (train) or evaluate (eval) from this checkpoint
+    # ModelZoo's checkpoint keys, applied as its trainer applies them (training/checkpoint.py):
+    # which states of checkpoint_path a training run loads ("all", or names: "model" alone
+    # starts from its weights at step 0), whether a checkpoint may lack or add model tensors,
+    # and a checkpoint of the state training starts from, before its first step.
+    load_checkpoint_states: str | list[str] = "all"
+    disable_strict_checkpoint_loading: bool = False
+    save_initial_checkpoint: bool = False
     # Kernel of the simulated fabric's sparse layers. "auto" is the simulator's rule, which is
     # calibrated by timing in each process: CSR and dense round differently, so bit-identical
     # results across processes (resume, replicas) need a fixed "csr" or "dense".
@@ -464,6 +475,25 @@ class RunConfigSpec(_Section):
     gpus_per_csx: NonNegativeInt | None = None  # 0: train on CPUs even where GPUs exist
     # Ray placement of the job's systems: PACK on as few nodes as fit, SPREAD over nodes.
     placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
+
+    @field_validator("load_checkpoint_states")
+    @classmethod
+    def _known_states(cls, value: str | list[str]) -> str | list[str]:
+        checkpoint_states(value)
+        return value
+
+
+def checkpoint_states(value: str | list[str]) -> frozenset[str] | None:
+    """``load_checkpoint_states`` as the set of ModelZoo state names it selects (None: "all"),
+    read as ModelZoo reads it: "all", a comma-separated string, or a list of names."""
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return None
+    names = [name.strip() for name in value.split(",")] if isinstance(value, str) else list(value)
+    unknown = [name for name in names if name not in CHECKPOINT_STATES]
+    if not names or unknown:
+        raise ValueError(f"load_checkpoint_states: {unknown or value!r} not among the states of a "
+                         f"checkpoint; give 'all' or names from {list(CHECKPOINT_STATES)}")
+    return frozenset(names)
 
 
 def check_sparsity_levels(value: Any, path: str) -> None:

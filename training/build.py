@@ -15,6 +15,7 @@ import torch
 
 from csx_config import JobSpec, OptimizerSpec
 from csx_config.schedulers import learning_rate_at, warmup_steps
+from csx_config.sections import checkpoint_states
 from training.data import load_data
 from training.hdf5 import HDF5BatchSampler
 from models.config import ModelConfig
@@ -34,6 +35,9 @@ class LoopSettings:
     eval_frequency: int | None  # 0 / None: evaluate only at the end (train_and_eval)
     checkpoint_steps: int | None  # 0 / None: checkpoint only at the end
     checkpoint_path: str | None  # start (train) or evaluate (eval) from this checkpoint
+    load_checkpoint_states: frozenset[str] | None  # of checkpoint_path; None: all of them
+    strict_checkpoint_loading: bool
+    save_initial_checkpoint: bool
     sparse_kernel: str
     global_batch_size: int
     max_gradient_norm: float | None
@@ -52,7 +56,10 @@ def loop_settings(spec: JobSpec) -> LoopSettings:
     rc = spec.runconfig
     return LoopSettings(max_steps=rc.max_steps, log_steps=rc.log_steps,
                         eval_frequency=rc.eval_frequency, checkpoint_steps=rc.checkpoint_steps,
-                        checkpoint_path=rc.checkpoint_path, sparse_kernel=rc.sparse_kernel,
+                        checkpoint_path=rc.checkpoint_path,
+                        load_checkpoint_states=checkpoint_states(rc.load_checkpoint_states),
+                        strict_checkpoint_loading=not rc.disable_strict_checkpoint_loading,
+                        save_initial_checkpoint=rc.save_initial_checkpoint, sparse_kernel=rc.sparse_kernel,
                         global_batch_size=spec.train_input.batch_size,
                         max_gradient_norm=spec.optimizer.max_gradient_norm,
                         warmup_steps=warmup_steps(spec.optimizer.learning_rate),

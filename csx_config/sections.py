@@ -1,5 +1,5 @@
-"""The sections of the params layout (``train_input``, ``eval_input``, ``model``,
-``optimizer``, ``runconfig``) with ModelZoo's key names, and the range checks of the
+"""The sections of the params layout (``model``, ``optimizer``, ``runconfig``; the input
+sections are csx_config.inputs') with ModelZoo's key names, and the range checks of the
 ``sparsity`` section (passed unchanged to ``sparsity.configure``).
 
 Keys that only mean something on real Cerebras hardware (``mixed_precision``, ``num_workers``,
@@ -15,104 +15,30 @@ cap, ``max_failures``, ``mlflow_experiment``, ``sparse_kernel`` and the hardware
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, field_validator,
-                      model_validator)
+from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from csx_config.families import MODEL_CLASSES, PROCESSOR_FAMILIES, model_name, not_built
-from csx_config.keys import EXTRA_NOT_APPLIED, HARDWARE_ONLY, NOT_APPLIED_REASONS, validate_all_keys
+from csx_config.families import MODEL_CLASSES, model_name, not_built
+from csx_config.inputs import HDF5_PROCESSORS, InputSpec, TrainInputSpec
+from csx_config.keys import Section, validate_all_keys
 from csx_config.schedulers import LearningRate, SchedulerSpec, check_sequence, rename_aliases
 
 PresetName = Literal["tiny", "mini", "small"]
 # model.nonlinearity: the gated (GLU) ones and all of them.
 GLU_NONLINEARITIES = ("swiglu", "geglu", "reglu")
 NONLINEARITIES = ("gelu", "gelu_new", "relu", "silu", "swish", *GLU_NONLINEARITIES)
-HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
-# Keys inside a sparsity config whose numeric values are sparsity levels.
 # The states of a checkpoint, by ModelZoo's names (a 2.x checkpoint calls its LR schedulers
 # "schedulers", earlier ones "lr_scheduler"), and csx's own "rng" (the dropout generator).
 CHECKPOINT_STATES = ("model", "optimizer", "lr_scheduler", "schedulers", "sparsity", "dataloader",
                      "global_step", "grad_scaler", "rng")
+# Keys inside a sparsity config whose numeric values are sparsity levels.
 SPARSITY_LEVEL_KEYS = ("sparsity", "init_sparsity", "end_sparsity", "value", "init", "final",
                        "minimum")
 
 
-class _Section(BaseModel):
-    """A params section: its fields, plus the hardware-only keys it accepts without applying
-    (kept as pydantic extras, so the stored spec is the user's file)."""
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False, validate_assignment=True)
-    SECTION: ClassVar[str] = ""
-    NOT_APPLIED: ClassVar[frozenset[str]] = frozenset()
-    ALIASES: ClassVar[dict[str, str]] = {}  # another ModelZoo spelling -> field
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _known_keys(cls, data: Any, handler: Any) -> Any:
-        if isinstance(data, dict):
-            data = rename_aliases(data, cls.ALIASES, prefix=f"{cls.SECTION}: ")
-        return validate_all_keys(cls, data, handler, cls.known_keys(), cls.SECTION)
-
-    @classmethod
-    def known_keys(cls) -> set[str]:
-        return (set(cls.model_fields) | cls.NOT_APPLIED | EXTRA_NOT_APPLIED.get(cls.SECTION, frozenset())
-                | set(cls.ALIASES))
-
-    def not_applied(self) -> dict[str, str]:
-        """This section's keys accepted without effect here, each with the reason."""
-        return {f"{self.SECTION}.{key}": NOT_APPLIED_REASONS.get(f"{self.SECTION}.{key}", HARDWARE_ONLY)
-                for key in (self.model_extra or {})}
-
-
-class InputSpec(_Section):
-    """The ``eval_input`` section: which data, and how it is batched (``batch_size`` is the
-    global batch in samples, split evenly over ``num_csx``). Hardware-only keys are accepted
-    and listed as not applied."""
-
-    SECTION = "eval_input"
-    NOT_APPLIED = frozenset({
-        "num_workers", "prefetch_factor", "persistent_workers", "micro_batch_size", "use_worker_cache",
-        "shuffle_buffer", "repeat", "drop_last", "mixed_precision", "use_vsl", "pad_last",
-        "vocab_size", "num_samples"})
-    data_processor: str | None = None  # None: HDF5 when data_dir holds .h5 files, else text
-    data_dir: str | list[str] | None = None  # eval_input: None means "the train_input data_dir"
-    batch_size: PositiveInt = 16  # GLOBAL batch, split evenly over num_csx
-    max_sequence_length: PositiveInt | None = None  # None: the HDF5 data's, else the model's
-    shuffle: bool = False
-    shuffle_seed: int | None = None  # None: runconfig.seed
-
-    @field_validator("data_processor")
-    @classmethod
-    def _known_processor(cls, value: str | None) -> str | None:
-        choices = (*HDF5_PROCESSORS, "TextDataProcessor")
-        if value is not None and value not in choices:
-            family = PROCESSOR_FAMILIES.get(value)
-            what = f" (the data of ModelZoo's {family} model)" if family else ""
-            raise ValueError(f"data_processor {value!r}{what} is not supported here; choose one of {list(choices)}")
-        return value
-
-    @field_validator("data_dir")
-    @classmethod
-    def _non_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and not value:
-            raise ValueError("data_dir is an empty list")
-        return value
-
-    def data_dirs(self) -> list[str]:
-        return [] if self.data_dir is None else [self.data_dir] if isinstance(self.data_dir, str) else list(self.data_dir)
-
-
-class TrainInputSpec(InputSpec):
-    """The ``train_input`` section: as [`InputSpec`][csx_config.InputSpec], with the training
-    data (default ``builtin:shakespeare``), shuffled by default."""
-
-    SECTION = "train_input"
-    data_dir: str | list[str] = "builtin:shakespeare"
-    shuffle: bool = True
-
-
-class TokenizerSpec(_Section):
+class TokenizerSpec(Section):
     """For text data (HDF5 data is already tokenized): bytes, a BPE trained on the train split
     (``vocab_size``), or a BPE read from a local file (``vocab_file``: a tokenizers JSON, or a
     GPT-2 ``vocab.json`` with ``merges_file``)."""
@@ -132,14 +58,14 @@ def check_initializer(value: Initializer | None) -> Initializer | None:
     return value
 
 
-class ExtraAttentionParams(_Section):
+class ExtraAttentionParams(Section):
     """``model.extra_attention_params``: ``num_kv_groups`` key/value heads for
     ``attention_module: multiquery_attention`` (1: multi-query; fewer than num_heads: GQA)."""
     SECTION = "model.extra_attention_params"
     num_kv_groups: PositiveInt | None = None
 
 
-class MoESpec(_Section):
+class MoESpec(Section):
     """``model.moe`` (``moe_params`` before 2.4): a mixture of ``num_experts`` FFN experts, each
     token routed to ``top_k`` of them by a learned router, plus ``num_shared_experts`` every
     token passes through; ``load_balancing_loss_coef`` weighs the router's balance loss."""
@@ -196,7 +122,7 @@ def model_class_problems(data: dict[str, Any]) -> tuple[str, list[tuple[tuple[st
     return chosen, problems
 
 
-class ModelSpec(_Section):
+class ModelSpec(Section):
     """ModelZoo's decoder LM keys: GPT2LMHeadModel's (GPT-2/3, BTLM, Bloom, Jais, Llama, Mistral,
     StarCoder, MPT, Gemma-2, Mixtral) and GPTJModel's (GPT-J, GPT-NeoX, Falcon), the class
     chosen by ``name``. Unset keys take the preset's value, else ModelZoo's default
@@ -368,7 +294,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class OptimizerSpec(_Section):
+class OptimizerSpec(Section):
     """The ``optimizer`` section: a ``torch.optim`` class by name, its learning rate (a number
     or a list of cstorch schedulers run one after another), weight decay, gradient clipping
     and per-group learning-rate factors."""
@@ -422,7 +348,7 @@ class OptimizerSpec(_Section):
         return {n: getattr(self, n) for n in ("betas", "eps", "momentum") if getattr(self, n) is not None}
 
 
-class RunConfigSpec(_Section):
+class RunConfigSpec(Section):
     """The ``runconfig`` section: steps (``max_steps``, evaluation, checkpoint and logging
     cadences, all in optimizer steps), the seed, ``num_csx`` (1 to 192 systems) and where the
     run's model and MLflow experiment go."""

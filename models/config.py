@@ -139,6 +139,33 @@ class ModelConfig(_ModelKeys):
         total = moe.get("num_experts", 1) + (moe.get("num_shared_experts") or 0)
         return moe.get("num_experts", 1) if total > 1 else 0
 
+    def features(self) -> list[str]:
+        """What this config builds beyond the sizes, positions, norm and nonlinearity, each in
+        a few words (the plan's model line lists them all)."""
+        c, moe, window = self, self.moe or {}, self.attention_sliding_window_length
+        named = [
+            (c.is_parallel, lambda: "parallel attention and FFN" + (", untied norms" if c.use_untied_layer_norm else "")),
+            (window, lambda: f"sliding window {window}" + (" on every other layer"
+                                                           if c.sliding_window_every_other_decoder_layer else "")),
+            (c.attention_sink_tokens, lambda: f"{c.attention_sink_tokens} attention sink tokens"),
+            (c.attention_logit_softcapping, lambda: f"attention logit soft-capping {c.attention_logit_softcapping:g}"),
+            (c.final_logit_softcapping, lambda: f"final logit soft-capping {c.final_logit_softcapping:g}"),
+            (c.norm_first_sandwich, lambda: "sandwich norms"),
+            (c.embedding_layer_norm, lambda: "embedding layer norm"),
+            (c.attention_type == "dot_product", lambda: "unscaled dot-product attention"),
+            (c.scale_qk_dot_by_layer_idx, lambda: "QK scaled by 1/(layer + 1)"),
+            (c.attention_inner_dim, lambda: f"attention width {c.attention_inner_dim}"),
+            (c.position_embedding_type == "rotary" and c.rotary_size != c.head_dim,
+             lambda: f"rotary on {c.rotary_size} of {c.head_dim} head dims"),
+            (c.alibi_trainable_slopes and c.position_embedding_type == "alibi", lambda: "trainable ALiBi slopes"),
+            (not c.share_embedding_weights, lambda: "untied lm_head"),
+            (c.mup_base_hidden_size or c.output_logits_scale, lambda: "muP"),
+            (c.sparse_wide_sparsity, lambda: f"Sparse-Wide s={c.sparse_wide_sparsity}"),
+            (c.experts, lambda: f"{moe.get('num_experts', 1)} experts, top {moe.get('top_k', 1)}"
+                                + (f" + {moe['num_shared_experts']} shared" if moe.get("num_shared_experts") else "")),
+        ]
+        return [text() for given, text in named if given]
+
     def window_of_layer(self, index: int) -> int | None:
         """The sliding window of decoder layer ``index``: every layer's, or with
         sliding_window_every_other_decoder_layer the odd layers' only (ModelZoo's order)."""

@@ -63,12 +63,25 @@ def planned_vocab_size(spec: JobSpec) -> int:
 
 def planned_shapes(spec: JobSpec) -> tuple[int, int]:
     """(vocab_size, train sequence length) without reading any data beyond HDF5 shapes:
-    for plans, which must work where the data is not (yet) present."""
+    for plans, which must work where the data is not (yet) present. The length is the data's
+    (max_sequence_length, else the HDF5 files') with the tokens the data transforms add, else
+    max_position_embeddings."""
     train = spec.train_input
     seq_len = train.max_sequence_length
     if seq_len is None and is_hdf5(train, train.data_dirs()) and has_h5_files(train.data_dirs()):
-        seq_len = _hdf5_samples(train, train.data_dirs(), "train_input").seq_len
-    return planned_vocab_size(spec), seq_len or spec.model.resolved()["max_position_embeddings"]
+        return planned_vocab_size(spec), hdf5_samples(train, train, "train_input").seq_len
+    context = spec.model.resolved()["max_position_embeddings"]
+    if seq_len is None:
+        return planned_vocab_size(spec), context
+    if seq_len + train.added_tokens() > context:
+        raise ValueError(f"train_input: samples of {seq_len} tokens and {train.added_tokens()} sink tokens "
+                         f"(data_transforms) exceed model.max_position_embeddings ({context})")
+    return planned_vocab_size(spec), seq_len + train.added_tokens()
+
+
+def eval_source(spec: JobSpec) -> InputSpec:
+    """The section whose data evaluation reads: eval_input's, else train_input's."""
+    return spec.eval_input if spec.eval_input.data_dirs() else spec.train_input
 
 
 @dataclass
@@ -82,10 +95,13 @@ class RunData:
 def check_data(spec: JobSpec) -> None:
     """Fail before any worker starts when a data_dir is missing or malformed (HDF5: every
     file's layout is read; text: the path must exist)."""
-    for what, section, dirs in (("train_input", spec.train_input, spec.train_input.data_dirs()),
-                                ("eval_input", spec.eval_input, spec.eval_data_dirs())):
+    for what, section, source in (("train_input", spec.train_input, spec.train_input),
+                                  ("eval_input", spec.eval_input, eval_source(spec))):
+        dirs = source.data_dirs()
         if is_hdf5(section, dirs):
-            _hdf5_samples(section, dirs, what)
+            hdf5_samples(section, source, what)
+        elif source.mixture is not None or section.data_transforms:
+            raise ValueError(f"{what}: a mixture and data_transforms read ModelZoo HDF5 data, not text")
         elif len(dirs) != 1:
             raise ValueError(f"{what}.data_dir: text data takes one data_dir, got {len(dirs)} "
                              "(a list is for ModelZoo HDF5 folders)")
@@ -93,13 +109,25 @@ def check_data(spec: JobSpec) -> None:
             raise ValueError(f"{what}.data_dir {dirs[0]!r} does not exist")
 
 
-def _hdf5_samples(section: InputSpec, dirs: list[str], what: str) -> HDF5Samples:
-    from training.hdf5 import HDF5Samples
+def hdf5_samples(section: InputSpec, source: InputSpec, what: str, seed: int = 0) -> Any:
+    """The samples ``section`` reads from ``source``'s data (its own, or train_input's for an
+    eval_input without data): its data_dir's HDF5 files or its mixture of them (interleaved,
+    from ``seed``, when not shuffled, as ModelZoo), through its data transforms."""
+    from training.hdf5 import HDF5Mixture, HDF5Samples, SinkTokens
 
-    samples = HDF5Samples(dirs, what)
+    if source.mixture is not None:
+        samples: Any = HDF5Mixture([HDF5Samples(entry.data_dirs(), f"{what}.mixture") for entry in source.mixture],
+                                   [entry.weight for entry in source.mixture], interleave=not section.shuffle,
+                                   seed=seed, what=what)
+    else:
+        samples = HDF5Samples(source.data_dirs(), what)
     if section.max_sequence_length not in (None, samples.seq_len):
         raise ValueError(f"{what}.max_sequence_length is {section.max_sequence_length}, but the HDF5 "
-                         f"data in {dirs} has sequences of {samples.seq_len}")
+                         f"data in {source.data_dirs()} has sequences of {samples.seq_len}")
+    for transform in section.data_transforms or []:
+        samples = SinkTokens(samples, token_id=transform.sink_token_id, count=transform.num_sink_tokens,
+                             start=transform.sink_token_start_pos,
+                             truncate=transform.truncate_to_original_length, what=what)
     return samples
 
 
@@ -114,7 +142,7 @@ def load_data(spec: JobSpec, model_dir: Path | None, *, rank: int = 0, world_siz
     if is_hdf5(train, train.data_dirs()):
         vocab = spec.model.resolved()["vocab_size"]
         sampler: BatchSampler | HDF5BatchSampler = HDF5BatchSampler(
-            _hdf5_samples(train, train.data_dirs(), "train_input"), batch_size=train.batch_size,
+            hdf5_samples(train, train, "train_input", shuffle_seed), batch_size=train.batch_size,
             seed=shuffle_seed, shuffle=train.shuffle, vocab_size=vocab, rank=rank, world_size=world_size)
         tokenizer_json = {"type": "pretokenized", "vocab_size": vocab}
         tokenizer, train_splits = None, None
@@ -130,7 +158,8 @@ def load_data(spec: JobSpec, model_dir: Path | None, *, rank: int = 0, world_siz
     eval_dirs = spec.eval_data_dirs()
     steps = spec.runconfig.eval_steps
     if is_hdf5(evaluation, eval_dirs):
-        eval_data: Any = HDF5EvalBatches(_hdf5_samples(evaluation, eval_dirs, "eval_input"),
+        eval_seed = seed if evaluation.shuffle_seed is None else evaluation.shuffle_seed
+        eval_data: Any = HDF5EvalBatches(hdf5_samples(evaluation, eval_source(spec), "eval_input", eval_seed),
                                          batch_size=evaluation.batch_size, steps=steps, vocab_size=vocab,
                                          rank=rank, world_size=world_size)
     else:

@@ -146,7 +146,7 @@ def validate_plan(spec: JobSpec, num_csx: int) -> dict[str, Any]:
         "not_applied": spec.not_applied(),
         "model": {**asdict(built), "parameters": parameters, "kv_heads": built.kv_heads,
                   "active_parameters": model.num_active_parameters(),
-                  "sparse_wide_sparsity": config.sparse_wide_sparsity},
+                  "sparse_wide_sparsity": config.sparse_wide_sparsity, "features": config.features()},
         "algorithm": repr(alg) if alg is not None else None,
         "groups": _groups(alg) if alg is not None else [],
         "layers": layers,
@@ -224,15 +224,9 @@ def _model_line(model: dict[str, Any]) -> str:
     positions = model["position_embedding_type"]
     if positions != "learned" and (model["pos_scaling_factor"] != 1.0 or model["pos_scaling_type"].lower() != "linear"):
         positions += f" ({model['pos_scaling_type'].lower()} scaling x{model['pos_scaling_factor']:g})"
-    window = model["attention_sliding_window_length"]
-    extras = [f"sliding window {window}"] if window else []
-    extras += ["muP"] if model["mup_base_hidden_size"] or model["output_logits_scale"] else []
-    extras += [f"Sparse-Wide s={model['sparse_wide_sparsity']}"] if model["sparse_wide_sparsity"] else []
-    moe = model["moe"] or {}
-    if moe.get("num_experts", 1) > 1:
-        extras += [f"{moe['num_experts']} experts, top {moe.get('top_k', 1)}"
-                   + (f" + {moe['num_shared_experts']} shared" if moe.get("num_shared_experts") else "")
-                   + f": {model['active_parameters']:,} active"]
+    extras = list(model["features"])
+    if model["active_parameters"] != model["parameters"]:  # routed experts a token skips
+        extras.append(f"{model['active_parameters']:,} active")
     return (f"model: {model['model_class']}, {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, filter "
             f"{model['filter_size']}, {heads}, vocab {model['vocab_size']}, {positions} positions, "
             f"{model['norm_type']}, {model['nonlinearity']}, {model['parameters']:,} parameters"

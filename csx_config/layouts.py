@@ -35,6 +35,7 @@ def normalise(data: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[Pro
     notes: list[str] = []
     problems += params_v1.upgrade(params, notes)
     params_v2.upgrade(params, notes)
+    moe_release_default(params, "trainer" if trainer.is_trainer(data) else "params")
     return params, notes, problems
 
 
@@ -44,3 +45,19 @@ def to_layout(params: dict[str, Any], layout: Literal["params", "trainer"]) -> t
     if layout == "trainer":
         return trainer.from_params(params)
     return copy.deepcopy(params), []
+
+
+# ModelZoo's default moe_implementation, which decides the experts' parameter names: "optimized"
+# (fused) up to release 2.5, "experimental" (an expert each, shared ones apart) from 2.6. MoE
+# params-layout files are 2.3's (2.4 moved every config to the trainer layout); a trainer-layout
+# file runs on the current release (2.10), its content being the same in 2.5 and 2.10.
+MOE_RELEASE_DEFAULTS = {"params": "optimized", "trainer": "experimental"}
+
+
+def moe_release_default(params: dict[str, Any], layout: str) -> None:
+    """Write the release's moe_implementation into a MoE section that names none (in place), so
+    the spec keeps its parameter names in either layout it is written in (the plan names them)."""
+    model = params.get("model")
+    key = next((k for k in ("moe", "moe_params") if isinstance(model, dict) and isinstance(model.get(k), dict)), None)
+    if key is not None and model[key].get("moe_implementation") is None:
+        model[key]["moe_implementation"] = MOE_RELEASE_DEFAULTS[layout]

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from csx_config import trainer
+from csx_config.layouts import moe_release_default
 from csx_config.sections import InputSpec, ModelSpec, OptimizerSpec, RunConfigSpec, TrainInputSpec
 
 REMOVE = "~"
@@ -62,6 +63,7 @@ def with_overrides(params: dict[str, Any], overrides: list[str]) -> dict[str, An
         result, problems = trainer.to_params(result)
         if problems:  # the untranslatable keys are reported by validation, not lost here
             raise ValueError("; ".join(message for _, message in problems))
+        moe_release_default(result, "trainer")  # before it reads as a params-layout file
     for override in overrides:
         _apply(result, override)
     return result

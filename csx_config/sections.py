@@ -29,6 +29,8 @@ PresetName = Literal["tiny", "mini", "small"]
 # model.nonlinearity: the gated (GLU) ones and all of them.
 GLU_NONLINEARITIES = ("swiglu", "geglu", "reglu")
 NONLINEARITIES = ("gelu", "gelu_new", "relu", "silu", "swish", *GLU_NONLINEARITIES)
+# model.moe.moe_implementation: ModelZoo's layouts of the experts' parameters (models/moe.py).
+MOE_IMPLEMENTATIONS = ("optimized", "experimental", "functional", "forge_experimental", "expert_parallel")
 # The states of a checkpoint, by ModelZoo's names (a 2.x checkpoint calls its LR schedulers
 # "schedulers", earlier ones "lr_scheduler"), and csx's own "rng" (the dropout generator).
 CHECKPOINT_STATES = ("model", "optimizer", "lr_scheduler", "schedulers", "sparsity", "dataloader",
@@ -68,9 +70,9 @@ class ExtraAttentionParams(Section):
 class MoESpec(Section):
     """``model.moe`` (``moe_params`` before 2.4): a mixture of ``num_experts`` FFN experts, each
     token routed to ``top_k`` of them by a learned router, plus ``num_shared_experts`` every
-    token passes through; ``load_balancing_loss_coef`` weighs the router's balance loss."""
+    token passes through; ``load_balancing_loss_coef`` weighs the router's balance loss;
+    ``moe_implementation`` names the experts' parameters as that ModelZoo implementation does."""
     SECTION = "model.moe"
-    NOT_APPLIED = frozenset({"moe_implementation"})
     num_experts: PositiveInt = 1
     top_k: PositiveInt = 1
     num_shared_experts: PositiveInt | None = None
@@ -82,6 +84,9 @@ class MoESpec(Section):
     expert_weighting_nonlinearity: Literal["softmax"] = "softmax"
     expert_weighting_normalization: bool = True
     gate_initializer: Initializer | None = None
+    # How ModelZoo lays the experts' parameters out (models/moe.py); None: the default of the
+    # file's release, which csx_config.layouts fills in.
+    moe_implementation: Literal[MOE_IMPLEMENTATIONS] | None = None
 
     @field_validator("gate_initializer")
     @classmethod

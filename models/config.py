@@ -32,6 +32,11 @@ POS_SCALING_ARGS: dict[str, dict[str, Any]] = {
              "extrapolation_factor": 1.0, "mscale_a": 0.1, "mscale_b": 1.0, "truncate": True},
 }
 EXTRA_ATTENTION_PARAMS = ("num_kv_groups",)
+# Where each moe_implementation puts the experts' weights (models/moe.py has the layouts).
+EXPERT_NAMES = {"optimized": "ffn.experts.fused_ffns.{i}.linear_layer.expert_weights",
+                "experimental": "ffn.experts.experts.{e}.{i}, shared_experts.{s}.ffn.{i}",
+                **dict.fromkeys(("functional", "forge_experimental", "expert_parallel"),
+                                "ffn.experts.experts.{e}.ffn.{i}, shared ones last")}
 
 
 # The fields: csx_config's model keys (MODEL_KEYS, typed and documented by
@@ -163,8 +168,15 @@ class ModelConfig(_ModelKeys):
             (c.sparse_wide_sparsity, lambda: f"Sparse-Wide s={c.sparse_wide_sparsity}"),
             (c.experts, lambda: f"{moe.get('num_experts', 1)} experts, top {moe.get('top_k', 1)}"
                                 + (f" + {moe['num_shared_experts']} shared" if moe.get("num_shared_experts") else "")),
+            (c.experts, lambda: f"{c.moe_implementation} expert layout ({EXPERT_NAMES[c.moe_implementation]})"),
         ]
         return [text() for given, text in named if given]
+
+    @property
+    def moe_implementation(self) -> str:
+        """ModelZoo's implementation whose parameter names the experts take (models/moe.py);
+        unset: the current release's default."""
+        return (self.moe or {}).get("moe_implementation") or "experimental"
 
     def window_of_layer(self, index: int) -> int | None:
         """The sliding window of decoder layer ``index``: every layer's, or with

@@ -44,7 +44,8 @@ import torch
 
 from training import checkpoint as ckpt
 from training.build import LoopSettings, Run, build_run
-from models.moe import ROUTED_EXPERT as EXPERT  # routed and shared experts alike
+from training.filters import checked_groups, unmatched_patterns
+from models.moe import expert_parts
 from training.perf import PerfProjector
 from training.safe_files import read_text
 from csx_config import JobSpec
@@ -355,7 +356,7 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
         run.mask_hashes.append([run.step, mask_hash(run.alg)])
     if run.alg is not None and run.step == 0 and tracker is not None and rank == 0:
         # The initial mask: Static's only one, and where every dynamic run starts from.
-        log.add(0, _sparsity_metrics(run.alg, 0))
+        log.add(0, _sparsity_metrics(run, 0))
         tracker.log_mask_update(0, {n: m.clone() for n, _, m in run.alg.sparse_parameters()})
     while run.step < run.end_step:
         lr = run.optimizer.param_groups[0]["lr"]
@@ -370,7 +371,7 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
             run.mask_hashes.append([run.step, mask_hash(run.alg)])
             if all_reduce is not None:
                 _check_replicas_agree(run.step, run.mask_hashes[-1][1], all_reduce, run.device)
-            log.add(run.step, _sparsity_metrics(run.alg, run.step))
+            log.add(run.step, _sparsity_metrics(run, run.step))
             if tracker is not None and rank == 0:
                 tracker.log_mask_update(run.step, {n: m.clone() for n, _, m in run.alg.sparse_parameters()})
         if evaluate_periodically and rc.eval_frequency and run.step % rc.eval_frequency == 0:
@@ -388,7 +389,7 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
             if run.alg is None:
                 metrics["sparsity/global"] = 0.0  # so dense shows in the sparsity chart too
             else:  # mask/* belong to update steps, logged there
-                metrics.update({k: v for k, v in _sparsity_metrics(run.alg, run.step).items()
+                metrics.update({k: v for k, v in _sparsity_metrics(run, run.step).items()
                                 if not k.startswith("mask/")})
             log.add(run.step, metrics)
             log.flush()
@@ -409,25 +410,27 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
     log.flush()
 
 
-def _sparsity_metrics(alg: Any, step: int) -> dict[str, float]:
+def _sparsity_metrics(run: Run, step: int) -> dict[str, float]:
     """`alg.metrics()` with each layer's scheduled target at `step` (GraNet's update records
     the levels its global pruning reached, which equal the actual ones), and each expert's."""
-    metrics = alg.metrics()
-    for name, level in alg.layer_targets(step).items():
+    metrics = run.alg.metrics()
+    for name, level in run.alg.layer_targets(step).items():
         metrics[f"sparsity/{name}/target"] = float(level)
-    metrics.update(expert_sparsity_metrics(alg))
+    metrics.update(expert_sparsity_metrics(run.alg, run.model))
     return metrics
 
 
-def expert_sparsity_metrics(alg: Any) -> dict[str, float]:
-    """`experts/sparsity/L<layer>.expert<e>`: the sparsity of all of an expert's sparse matrices
-    together (the per-matrix levels are `sparsity/<param>/actual`); {} without experts."""
+def expert_sparsity_metrics(alg: Any, model: torch.nn.Module) -> dict[str, float]:
+    """`experts/sparsity/L<layer>.expert<e>` (`.shared<s>`): the sparsity of all of an expert's
+    sparse matrices together, its slice of a fused one included (the per-matrix levels are
+    `sparsity/<param>/actual`); {} without experts."""
     live: dict[str, list[int]] = {}
     for name, _, mask in alg.sparse_parameters():
-        if (match := EXPERT.match(name)) is not None:
-            counts = live.setdefault(f"experts/sparsity/L{int(match[1]):02d}.expert{match[2]}", [0, 0])
-            counts[0] += int(mask.sum())
-            counts[1] += mask.numel()
+        for layer, label, part in expert_parts(model, name):
+            kept = mask if part is None else mask[part]
+            counts = live.setdefault(f"experts/sparsity/L{layer:02d}.{label}", [0, 0])
+            counts[0] += int(kept.sum())
+            counts[1] += kept.numel()
     return {key: 1.0 - nonzero / total for key, (nonzero, total) in live.items()}
 
 
@@ -493,6 +496,10 @@ def train(spec: JobSpec, *, model_dir: str, mode: str = "train", rank: int = 0, 
     if rank == 0:
         folder.mkdir(parents=True, exist_ok=True)
     run = build_run(spec, folder, rank, world_size, where)
+    if run.alg is not None:
+        checked_groups(run.alg)
+    for warning in unmatched_patterns(spec.sparsity, [name for name, _ in run.model.named_parameters()]):
+        _warn(run, warning)
     if rank == 0:
         (folder / "params.yaml").write_text(run.settings.params_yaml, encoding="utf-8")
     summary: dict[str, Any] = {"mode": mode, "eval_history": [], "train_losses": [],

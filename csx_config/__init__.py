@@ -1,7 +1,9 @@
 """The params schema of Cerebras ModelZoo files, for the CLI and the service: imports only
 pydantic and yaml (the service validates jobs without loading torch).
 
-    sections      the params sections (input, optimizer, runconfig) and their fields
+    families      the ModelZoo model families built here, and the refusal of the others
+    inputs        the input sections (train_input, eval_input): data, mixtures, data transforms
+    sections      the optimizer and runconfig sections and their fields, the batch rule
     model         the model section: ModelZoo's decoder keys, defaults, presets
     keys          keys not applied here and why, features refused, hints, all errors at once
     params_v1     1.x keys and their upgrade to the current meaning
@@ -24,14 +26,12 @@ from csx_config.model import (
     PresetName,
     TokenizerSpec,
 )
+from csx_config.inputs import HDF5_PROCESSORS, InputSpec, TrainInputSpec
 from csx_config.sections import (
-    HDF5_PROCESSORS,
     LR_ADJUSTMENT_GROUPS,
     MAX_CSX,
-    InputSpec,
     OptimizerSpec,
     RunConfigSpec,
-    TrainInputSpec,
     batch_split_problem,
 )
 from csx_config.keys import format_problems, unknown_key_message

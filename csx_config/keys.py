@@ -4,16 +4,18 @@ says what is missing), the hint for a key written the old way, and one error for
 unknown keys of a section.
 
 Every table is keyed by ``section.key`` in the params layout; the trainer layout is translated
-to it first (csx_config.trainer).
+to it first (csx_config.trainer). ``Section`` is a params section checked against them.
 """
 
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from csx_config.schedulers import rename_aliases
 
 Problem = tuple[tuple[str | int, ...], str]  # (location, message)
 HARDWARE_ONLY = "hardware-only (Cerebras appliance, precision or logging)"
@@ -26,8 +28,6 @@ NOT_APPLIED_REASONS: dict[str, str] = {
     "runconfig.log_step_count_steps": "1.x TensorFlow-era logging cadence; runconfig.log_steps applies",
     "runconfig.save_summary_steps": "TensorBoard summaries; metrics go to MLflow every log_steps",
     "runconfig.execution_strategy": "1.x pipeline / weight-streaming choice of the CS system",
-    "runconfig.load_checkpoint_states": "which checkpoint states a CS run loads; all are loaded here",
-    "runconfig.disable_strict_checkpoint_loading": "checkpoints here always match their model",
     "runconfig.max_checkpoints": "checkpoint retention of the CS appliance",
     "optimizer.disable_lr_steps_reset": "1.x: the schedule here always counts from the global step",
     "optimizer.ws_summary": "1.x weight-streaming summaries",
@@ -56,10 +56,7 @@ UNSUPPORTED: dict[str, str] = {
     "model.fixed_sparse_attention": "fixed sparse attention",
     "optimizer.max_gradient_value": "gradient clipping by value (max_gradient_value)",
     "model.lora_params": "LoRA adapters (lora_params)",
-    "train_input.data_transforms": "input data transforms (data_transforms)",
-    "eval_input.data_transforms": "input data transforms (data_transforms)",
-    "train_input.mixture": "a weighted mixture of data sets (mixture)",
-    "eval_input.mixture": "a weighted mixture of data sets (mixture)",
+    "mixture.data_subset": "a subset of a mixture's data set (data_subset)",
 }
 # Values of known keys that name a feature not built here (checked only when the field
 # itself refuses the value, so a schema that grows the feature accepts it).
@@ -186,3 +183,29 @@ def relocated(err: ValidationError, title: str, where: Any) -> ValidationError:
     return ValidationError.from_exception_data(title, [
         _problem(error["type"], where(tuple(error["loc"])), error["msg"], error.get("input"))
         for error in err.errors(include_url=False)])
+
+
+class Section(BaseModel):
+    """A params section: its fields, plus the hardware-only keys it accepts without applying
+    (kept as pydantic extras, so the stored spec is the user's file)."""
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, validate_assignment=True)
+    SECTION: ClassVar[str] = ""
+    NOT_APPLIED: ClassVar[frozenset[str]] = frozenset()
+    ALIASES: ClassVar[dict[str, str]] = {}  # another ModelZoo spelling -> field
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _known_keys(cls, data: Any, handler: Any) -> Any:
+        if isinstance(data, dict):
+            data = rename_aliases(data, cls.ALIASES, prefix=f"{cls.SECTION}: ")
+        return validate_all_keys(cls, data, handler, cls.known_keys(), cls.SECTION)
+
+    @classmethod
+    def known_keys(cls) -> set[str]:
+        return (set(cls.model_fields) | cls.NOT_APPLIED | EXTRA_NOT_APPLIED.get(cls.SECTION, frozenset())
+                | set(cls.ALIASES))
+
+    def not_applied(self) -> dict[str, str]:
+        """This section's keys accepted without effect here, each with the reason."""
+        return {f"{self.SECTION}.{key}": NOT_APPLIED_REASONS.get(f"{self.SECTION}.{key}", HARDWARE_ONLY)
+                for key in (self.model_extra or {})}

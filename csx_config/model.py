@@ -12,14 +12,16 @@ from typing import Any, Literal
 from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from csx_config.keys import validate_all_keys
+from csx_config.families import MODEL_CLASSES, model_name, not_built
+from csx_config.keys import Section, validate_all_keys
 from csx_config.schedulers import rename_aliases
-from csx_config.sections import Section
 
 PresetName = Literal["tiny", "mini", "small"]
 # model.nonlinearity: the gated (GLU) ones and all of them.
 GLU_NONLINEARITIES = ("swiglu", "geglu", "reglu")
 NONLINEARITIES = ("gelu", "gelu_new", "relu", "silu", "swish", *GLU_NONLINEARITIES)
+# model.moe.moe_implementation: ModelZoo's layouts of the experts' parameters (models/moe.py).
+MOE_IMPLEMENTATIONS = ("optimized", "experimental", "functional", "forge_experimental", "expert_parallel")
 
 
 class TokenizerSpec(Section):
@@ -52,9 +54,9 @@ class ExtraAttentionParams(Section):
 class MoESpec(Section):
     """``model.moe`` (``moe_params`` before 2.4): a mixture of ``num_experts`` FFN experts, each
     token routed to ``top_k`` of them by a learned router, plus ``num_shared_experts`` every
-    token passes through; ``load_balancing_loss_coef`` weighs the router's balance loss."""
+    token passes through; ``load_balancing_loss_coef`` weighs the router's balance loss;
+    ``moe_implementation`` names the experts' parameters as that ModelZoo implementation does."""
     SECTION = "model.moe"
-    NOT_APPLIED = frozenset({"moe_implementation"})
     num_experts: PositiveInt = 1
     top_k: PositiveInt = 1
     num_shared_experts: PositiveInt | None = None
@@ -66,6 +68,9 @@ class MoESpec(Section):
     expert_weighting_nonlinearity: Literal["softmax"] = "softmax"
     expert_weighting_normalization: bool = True
     gate_initializer: Initializer | None = None
+    # How ModelZoo lays the experts' parameters out (models/moe.py); None: the default of the
+    # file's release, which csx_config.layouts fills in.
+    moe_implementation: Literal[MOE_IMPLEMENTATIONS] | None = None
 
     @field_validator("gate_initializer")
     @classmethod
@@ -79,17 +84,6 @@ class MoESpec(Section):
         return self
 
 
-# model.name -> the ModelZoo model class it selects (the class decides the decoder block).
-MODEL_CLASSES: dict[str, str] = {
-    **dict.fromkeys(("gpt2", "gpt3", "llama", "mistral", "btlm", "bloom", "jais", "starcoder",
-                     "santacoder", "mpt", "gemma2", "mixtral"), "GPT2LMHeadModel"),
-    "gptj": "GPTJModel", "falcon": "GPTJModel"}
-# ModelZoo model classes csx does not build, with what each is.
-MODELS_NOT_BUILT: dict[str, str] = {
-    "dpo": "DPO (a policy model and a frozen reference model trained on preference pairs)",
-    "bert": "BERT (an encoder)", "t5": "T5 (an encoder-decoder)", "transformer": "the encoder-decoder Transformer",
-    "llava": "LLaVA (a multimodal model)", "multimodal_simple": "a multimodal model", "esm2": "ESM-2 (an encoder)",
-    "dpr": "DPR (a retrieval encoder pair)"}
 # Keys only the parallel-block GPTJModel reads (GPT-J, GPT-NeoX, Falcon), and the keys only
 # GPT2LMHeadModel reads: a file that names the other class is told which family a key is of.
 CLASS_KEYS: dict[str, frozenset[str]] = {
@@ -191,13 +185,10 @@ class ModelSpec(Section):
         key of the other class names the family it belongs to."""
         if not isinstance(data, dict):
             return handler(data)
-        name = "dpo" if "dpo" in data else data.get("name")  # 2.x DPO files give model.dpo, no name
+        name = model_name(data)
         if name is not None and (not isinstance(name, str) or name not in MODEL_CLASSES):
-            what = MODELS_NOT_BUILT.get(name) if isinstance(name, str) else None
-            message = (f"model.name: ModelZoo's {name} model, {what}, is not supported here" if what else
-                       f"model.name {name!r} is not a ModelZoo decoder LM; one of {sorted(MODEL_CLASSES)}")
             raise ValidationError.from_exception_data(cls.__name__, [InitErrorDetails(
-                type=PydanticCustomError("not_supported", "{message}", {"message": message}),
+                type=PydanticCustomError("not_supported", "{message}", {"message": not_built(name)}),
                 loc=("name",), input=name)])
         chosen, problems = model_class_problems(data)
         if "residual_dropout_rate" in data and data.get("dropout_rate") == data["residual_dropout_rate"]:

@@ -13,8 +13,10 @@ from typing import Any
 import yaml
 
 from csx_config import trainer
+from csx_config.inputs import InputSpec, TrainInputSpec
+from csx_config.layouts import moe_release_default
 from csx_config.model import ModelSpec
-from csx_config.sections import InputSpec, OptimizerSpec, RunConfigSpec, TrainInputSpec
+from csx_config.sections import OptimizerSpec, RunConfigSpec
 
 REMOVE = "~"
 _SECTIONS = {"train_input": TrainInputSpec, "eval_input": InputSpec, "model": ModelSpec,
@@ -63,6 +65,7 @@ def with_overrides(params: dict[str, Any], overrides: list[str]) -> dict[str, An
         result, problems = trainer.to_params(result)
         if problems:  # the untranslatable keys are reported by validation, not lost here
             raise ValueError("; ".join(message for _, message in problems))
+        moe_release_default(result, "trainer")  # before it reads as a params-layout file
     for override in overrides:
         _apply(result, override)
     return result

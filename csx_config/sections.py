@@ -1,7 +1,7 @@
-"""The sections of the params layout (``train_input``, ``eval_input``, ``optimizer``,
-``runconfig``; ``model`` is csx_config/model.py's) with ModelZoo's key names, the base every
-section shares, the batch rule, and the range checks of the ``sparsity`` section (passed
-unchanged to ``sparsity.configure``).
+"""The ``optimizer`` and ``runconfig`` sections of the params layout with ModelZoo's key names
+(``model`` is csx_config/model.py's, the input sections csx_config/inputs.py's), the batch
+rule, and the range checks of the ``sparsity`` section (passed unchanged to
+``sparsity.configure``).
 
 Keys that only mean something on real Cerebras hardware (``mixed_precision``, ``num_workers``,
 ``use_cs_grad_accum``, ...) are accepted, kept in the spec, and listed by ``not_applied()``.
@@ -15,93 +15,22 @@ builtin:shakespeare``, and runconfig's ``num_csx`` cap, ``max_failures``, ``mlfl
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator
 
-from csx_config.keys import EXTRA_NOT_APPLIED, HARDWARE_ONLY, NOT_APPLIED_REASONS, validate_all_keys
-from csx_config.schedulers import LearningRate, SchedulerSpec, check_sequence, rename_aliases
+from csx_config.keys import Section
+from csx_config.schedulers import LearningRate, SchedulerSpec, check_sequence
 
-HDF5_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor")
-# ModelZoo data processors of models not built here, with what they read.
-PROCESSORS_NOT_BUILT = {"DpoHDF5DataProcessor": "preference pairs for DPO"}
 # A CS-2 cluster has at most 192 systems.
 MAX_CSX = 192
+# The states of a checkpoint, by ModelZoo's names (a 2.x checkpoint calls its LR schedulers
+# "schedulers", earlier ones "lr_scheduler"), and csx's own "rng" (the dropout generator).
+CHECKPOINT_STATES = ("model", "optimizer", "lr_scheduler", "schedulers", "sparsity", "dataloader",
+                     "global_step", "grad_scaler", "rng")
 # Keys inside a sparsity config whose numeric values are sparsity levels.
 SPARSITY_LEVEL_KEYS = ("sparsity", "init_sparsity", "end_sparsity", "value", "init", "final",
                        "minimum")
-
-
-class Section(BaseModel):
-    """A params section: its fields, plus the hardware-only keys it accepts without applying
-    (kept as pydantic extras, so the stored spec is the user's file)."""
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False, validate_assignment=True)
-    SECTION: ClassVar[str] = ""
-    NOT_APPLIED: ClassVar[frozenset[str]] = frozenset()
-    ALIASES: ClassVar[dict[str, str]] = {}  # another ModelZoo spelling -> field
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _known_keys(cls, data: Any, handler: Any) -> Any:
-        if isinstance(data, dict):
-            data = rename_aliases(data, cls.ALIASES, prefix=f"{cls.SECTION}: ")
-        return validate_all_keys(cls, data, handler, cls.known_keys(), cls.SECTION)
-
-    @classmethod
-    def known_keys(cls) -> set[str]:
-        return (set(cls.model_fields) | cls.NOT_APPLIED | EXTRA_NOT_APPLIED.get(cls.SECTION, frozenset())
-                | set(cls.ALIASES))
-
-    def not_applied(self) -> dict[str, str]:
-        """This section's keys accepted without effect here, each with the reason."""
-        return {f"{self.SECTION}.{key}": NOT_APPLIED_REASONS.get(f"{self.SECTION}.{key}", HARDWARE_ONLY)
-                for key in (self.model_extra or {})}
-
-
-class InputSpec(Section):
-    """The ``eval_input`` section: which data, and how it is batched (``batch_size`` is the
-    global batch in samples, split evenly over ``num_csx``). Hardware-only keys are accepted
-    and listed as not applied."""
-
-    SECTION = "eval_input"
-    NOT_APPLIED = frozenset({
-        "num_workers", "prefetch_factor", "persistent_workers", "micro_batch_size", "use_worker_cache",
-        "shuffle_buffer", "repeat", "drop_last", "mixed_precision", "use_vsl", "pad_last",
-        "vocab_size", "num_samples"})
-    data_processor: str | None = None  # None: HDF5 when data_dir holds .h5 files, else text
-    data_dir: str | list[str] | None = None  # eval_input: None means "the train_input data_dir"
-    batch_size: PositiveInt = 16  # GLOBAL batch, split evenly over num_csx
-    max_sequence_length: PositiveInt | None = None  # None: the HDF5 data's, else the model's
-    shuffle: bool = False
-    shuffle_seed: int | None = None  # None: runconfig.seed
-
-    @field_validator("data_processor")
-    @classmethod
-    def _known_processor(cls, value: str | None) -> str | None:
-        choices = (*HDF5_PROCESSORS, "TextDataProcessor")
-        if value is not None and value not in choices:
-            what = f" ({PROCESSORS_NOT_BUILT[value]})" if value in PROCESSORS_NOT_BUILT else ""
-            raise ValueError(f"data_processor {value!r}{what} is not supported here; choose one of {list(choices)}")
-        return value
-
-    @field_validator("data_dir")
-    @classmethod
-    def _non_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and not value:
-            raise ValueError("data_dir is an empty list")
-        return value
-
-    def data_dirs(self) -> list[str]:
-        return [] if self.data_dir is None else [self.data_dir] if isinstance(self.data_dir, str) else list(self.data_dir)
-
-
-class TrainInputSpec(InputSpec):
-    """The ``train_input`` section: as [`InputSpec`][csx_config.InputSpec], with the training
-    data (default ``builtin:shakespeare``), shuffled by default."""
-
-    SECTION = "train_input"
-    data_dir: str | list[str] = "builtin:shakespeare"
-    shuffle: bool = True
 
 
 # ModelZoo's lr_adjustment_groups, in its order: the parameter globs of each named group.
@@ -175,7 +104,7 @@ class RunConfigSpec(Section):
 
     SECTION = "runconfig"
     NOT_APPLIED = frozenset({
-        "enable_distributed", "save_initial_checkpoint", "precision_opt_level", "use_cs_grad_accum",
+        "enable_distributed", "precision_opt_level", "use_cs_grad_accum",
         "use_appliance_data", "compile_only", "validate_only", "mode", "num_workers_per_csx",
         "num_wgt_servers", "num_act_servers", "credentials_path", "mount_dirs", "python_paths",
         "job_labels", "target_device", "autoload_last_checkpoint", "disable_version_check",
@@ -203,6 +132,13 @@ class RunConfigSpec(Section):
     mlflow_experiment: str = "csx-sparse"
     model_dir: str | None = None
     checkpoint_path: str | None = None  # start (train) or evaluate (eval) from this checkpoint
+    # ModelZoo's checkpoint keys, applied as its trainer applies them (training/checkpoint.py):
+    # which states of checkpoint_path a training run loads ("all", or names: "model" alone
+    # starts from its weights at step 0), whether a checkpoint may lack or add model tensors,
+    # and a checkpoint of the state training starts from, before its first step.
+    load_checkpoint_states: str | list[str] = "all"
+    disable_strict_checkpoint_loading: bool = False
+    save_initial_checkpoint: bool = False
     # Kernel of the simulated fabric's sparse layers. "auto" is the simulator's rule, which is
     # calibrated by timing in each process: CSR and dense round differently, so bit-identical
     # results across processes (resume, replicas) need a fixed "csr" or "dense".
@@ -214,6 +150,25 @@ class RunConfigSpec(Section):
     gpus_per_csx: NonNegativeInt | None = None  # 0: train on CPUs even where GPUs exist
     # Ray placement of the job's systems: PACK on as few nodes as fit, SPREAD over nodes.
     placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
+
+    @field_validator("load_checkpoint_states")
+    @classmethod
+    def _known_states(cls, value: str | list[str]) -> str | list[str]:
+        checkpoint_states(value)
+        return value
+
+
+def checkpoint_states(value: str | list[str]) -> frozenset[str] | None:
+    """``load_checkpoint_states`` as the set of ModelZoo state names it selects (None: "all"),
+    read as ModelZoo reads it: "all", a comma-separated string, or a list of names."""
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return None
+    names = [name.strip() for name in value.split(",")] if isinstance(value, str) else list(value)
+    unknown = [name for name in names if name not in CHECKPOINT_STATES]
+    if not names or unknown:
+        raise ValueError(f"load_checkpoint_states: {unknown or value!r} not among the states of a "
+                         f"checkpoint; give 'all' or names from {list(CHECKPOINT_STATES)}")
+    return frozenset(names)
 
 
 def batch_split_problem(batch_size: int, num_csx: int, section: str = "train_input") -> str | None:

@@ -12,15 +12,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
 
+from csx_config.inputs import InputSpec, TrainInputSpec
 from csx_config.keys import relocated, validate_all_keys
 from csx_config.layouts import normalise, to_layout
 from csx_config.model import ModelSpec
 from csx_config.overrides import with_overrides
 from csx_config.sections import (
-    InputSpec,
     OptimizerSpec,
     RunConfigSpec,
-    TrainInputSpec,
     batch_split_problem,
     check_level,
     check_sparsity_levels,

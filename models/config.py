@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
-from csx_config.model import MODEL_CLASSES as CLASS_OF_NAME
+from csx_config.families import MODEL_CLASSES as CLASS_OF_NAME
 from csx_config.model import GLU_NONLINEARITIES, MODEL_KEYS, NONLINEARITIES, PRESETS
 
 # The classes built here: GPT2LMHeadModel (a sequential block) and GPTJModel (a parallel one).
@@ -32,6 +32,11 @@ POS_SCALING_ARGS: dict[str, dict[str, Any]] = {
              "extrapolation_factor": 1.0, "mscale_a": 0.1, "mscale_b": 1.0, "truncate": True},
 }
 EXTRA_ATTENTION_PARAMS = ("num_kv_groups",)
+# Where each moe_implementation puts the experts' weights (models/moe.py has the layouts).
+EXPERT_NAMES = {"optimized": "ffn.experts.fused_ffns.{i}.linear_layer.expert_weights",
+                "experimental": "ffn.experts.experts.{e}.{i}, shared_experts.{s}.ffn.{i}",
+                **dict.fromkeys(("functional", "forge_experimental", "expert_parallel"),
+                                "ffn.experts.experts.{e}.ffn.{i}, shared ones last")}
 
 
 # The fields: csx_config's model keys (MODEL_KEYS, typed and documented by
@@ -138,6 +143,40 @@ class ModelConfig(_ModelKeys):
         moe = self.moe or {}
         total = moe.get("num_experts", 1) + (moe.get("num_shared_experts") or 0)
         return moe.get("num_experts", 1) if total > 1 else 0
+
+    def features(self) -> list[str]:
+        """What this config builds beyond the sizes, positions, norm and nonlinearity, each in
+        a few words (the plan's model line lists them all)."""
+        c, moe, window = self, self.moe or {}, self.attention_sliding_window_length
+        named = [
+            (c.is_parallel, lambda: "parallel attention and FFN" + (", untied norms" if c.use_untied_layer_norm else "")),
+            (window, lambda: f"sliding window {window}" + (" on every other layer"
+                                                           if c.sliding_window_every_other_decoder_layer else "")),
+            (c.attention_sink_tokens, lambda: f"{c.attention_sink_tokens} attention sink tokens"),
+            (c.attention_logit_softcapping, lambda: f"attention logit soft-capping {c.attention_logit_softcapping:g}"),
+            (c.final_logit_softcapping, lambda: f"final logit soft-capping {c.final_logit_softcapping:g}"),
+            (c.norm_first_sandwich, lambda: "sandwich norms"),
+            (c.embedding_layer_norm, lambda: "embedding layer norm"),
+            (c.attention_type == "dot_product", lambda: "unscaled dot-product attention"),
+            (c.scale_qk_dot_by_layer_idx, lambda: "QK scaled by 1/(layer + 1)"),
+            (c.attention_inner_dim, lambda: f"attention width {c.attention_inner_dim}"),
+            (c.position_embedding_type == "rotary" and c.rotary_size != c.head_dim,
+             lambda: f"rotary on {c.rotary_size} of {c.head_dim} head dims"),
+            (c.alibi_trainable_slopes and c.position_embedding_type == "alibi", lambda: "trainable ALiBi slopes"),
+            (not c.share_embedding_weights, lambda: "untied lm_head"),
+            (c.mup_base_hidden_size or c.output_logits_scale, lambda: "muP"),
+            (c.sparse_wide_sparsity, lambda: f"Sparse-Wide s={c.sparse_wide_sparsity}"),
+            (c.experts, lambda: f"{moe.get('num_experts', 1)} experts, top {moe.get('top_k', 1)}"
+                                + (f" + {moe['num_shared_experts']} shared" if moe.get("num_shared_experts") else "")),
+            (c.experts, lambda: f"{c.moe_implementation} expert layout ({EXPERT_NAMES[c.moe_implementation]})"),
+        ]
+        return [text() for given, text in named if given]
+
+    @property
+    def moe_implementation(self) -> str:
+        """ModelZoo's implementation whose parameter names the experts take (models/moe.py);
+        unset: the current release's default."""
+        return (self.moe or {}).get("moe_implementation") or "experimental"
 
     def window_of_layer(self, index: int) -> int | None:
         """The sliding window of decoder layer ``index``: every layer's, or with

@@ -32,12 +32,17 @@ class FeedForwardLayer(nn.Module):
         return ACTIVATIONS[self.activation](y) if self.activation else y
 
 
+def feed_forward_layers(config: ModelConfig) -> nn.ModuleList:
+    """ModelZoo's two FFN layers: hidden -> filter with the nonlinearity, filter -> hidden."""
+    return nn.ModuleList([
+        FeedForwardLayer(config.hidden_size, config.filter_size, config.use_ffn_bias, config.nonlinearity),
+        FeedForwardLayer(config.filter_size, config.hidden_size, config.use_ffn_bias, None)])
+
+
 class FeedForwardNetwork(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.ffn = nn.ModuleList([
-            FeedForwardLayer(config.hidden_size, config.filter_size, config.use_ffn_bias, config.nonlinearity),
-            FeedForwardLayer(config.filter_size, config.hidden_size, config.use_ffn_bias, None)])
+        self.ffn = feed_forward_layers(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ffn[1](self.ffn[0](x))

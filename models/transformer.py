@@ -16,12 +16,17 @@ Parameters are named as ModelZoo's ``GPT2LMHeadModel`` names them, so a ModelZoo
     transformer_decoder.layers.{i}.ffn.ffn.1.linear_layer.{weight,bias}
     transformer_decoder.norm.{weight,bias}, lm_head.weight (absent when tied to the embedding)
 
+and with ``moe`` ``ffn.gate.weight`` and the experts as the file's release names them
+(models/moe.py).
+
 The default sparsity filter (matrices whose name has no "embedding" / "norm" / "lm_head")
 therefore picks exactly the attention and FFN projections of every block.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -31,8 +36,12 @@ from torch import nn
 from models.blocks import EmbeddingLayer, TransformerDecoder, make_norm
 from models.config import ModelConfig
 from models.initializers import _initialize, initializers
-from models.moe import ROUTED_EXPERT, SparseMoEBlock, load_balancing_loss
+from models.moe import ExpertsLinear, SparseMoEBlock, expert_parts, load_balancing_loss
 from models.positions import rope_tables, visible_keys
+
+
+# An FFN layer's weight, dense or of the experts in any layout: (layer 0 = input, 1 = output).
+FFN_WEIGHT = re.compile(r"(?:\bffn|fused_ffns|experts\.\d+)\.(\d)\.linear_layer(?:_for_glu)?\.(?:weight|expert_weights)$")
 
 
 class Transformer(nn.Module):
@@ -60,7 +69,7 @@ class Transformer(nn.Module):
         for name, param in self.named_parameters():
             if name in norms:
                 nn.init.ones_(param) if name.endswith(".weight") else nn.init.zeros_(param)
-            elif name.endswith(".bias"):
+            elif name.endswith((".bias", ".expert_biases")):
                 nn.init.zeros_(param)
             elif name.endswith("position_embed_helper.slopes"):
                 nn.init.xavier_uniform_(param)  # ModelZoo's slopes_initializer
@@ -68,10 +77,8 @@ class Transformer(nn.Module):
                 _initialize(param, specs["embedding"])
             elif name.endswith("proj_output_dense_layer.weight"):
                 _initialize(param, specs["output"])
-            elif name.endswith("ffn.1.linear_layer.weight"):
-                _initialize(param, specs["ffn_output"])
-            elif name.endswith(("ffn.0.linear_layer.weight", "ffn.0.linear_layer_for_glu.weight")):
-                _initialize(param, specs["ffn_input"])
+            elif FFN_WEIGHT.search(name):
+                _initialize(param, specs["ffn_input" if FFN_WEIGHT.search(name)[1] == "0" else "ffn_output"])
             elif name.endswith("ffn.gate.weight"):
                 _initialize(param, specs["gate"])
             else:
@@ -146,22 +153,30 @@ class Transformer(nn.Module):
         """Unique parameters (a tied head is counted once)."""
         return sum(p.numel() for p in self.parameters())
 
+    def weight_matrices(self) -> Iterator[tuple[str, str, torch.Tensor]]:
+        """(module name, parameter name, weight) of every matmul: the linear layers and the
+        fused experts' (out, experts, in) weights."""
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                yield name, f"{name}.weight", module.weight
+            elif isinstance(module, ExpertsLinear):
+                yield name, f"{name}.expert_weights", module.expert_weights
+
     def token_share(self, module_name: str) -> float:
         """The share of tokens a module computes on: top_k / num_experts inside a routed expert
-        (each token visits k of them), 1 elsewhere (shared experts see every token)."""
-        match = ROUTED_EXPERT.match(module_name)
-        if match is None:
+        (each token visits k of them), 1 elsewhere (shared experts see every token); the mean
+        over the experts a fused module holds."""
+        parts = expert_parts(self, module_name + ".")
+        if not parts:
             return 1.0
-        block = self.transformer_decoder.layers[int(match[1])].ffn
-        return block.top_k / block.num_experts if int(match[2]) < block.num_experts else 1.0
+        block = self.transformer_decoder.layers[parts[0][0]].ffn
+        routed = sum(label.startswith("expert") for _, label, _ in parts)
+        return (routed * block.top_k / block.num_experts + len(parts) - routed) / len(parts)
 
     def num_active_parameters(self) -> int:
         """Parameters one token uses: all but the routed experts it is not sent to."""
-        unused = 0
-        for layer in self.transformer_decoder.layers:
-            if isinstance(layer.ffn, SparseMoEBlock):
-                expert = sum(p.numel() for p in layer.ffn.experts.experts[0].parameters())
-                unused += (layer.ffn.num_experts - layer.ffn.top_k) * expert
+        unused = sum(layer.ffn.routed_parameters() * (layer.ffn.num_experts - layer.ffn.top_k) // layer.ffn.num_experts
+                     for layer in self.transformer_decoder.layers if isinstance(layer.ffn, SparseMoEBlock))
         return self.num_parameters() - unused
 
 

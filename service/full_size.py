@@ -65,8 +65,9 @@ def full_size_layers(params: dict[str, Any]) -> tuple[list[Any], int, str]:
 
     plan = plan_report(plan_job(JobSpec.model_validate({**params, "sparsity": None}), 1))
     model = plan["model"]
-    layers = [LayerShape(layer["name"].removesuffix(" (tied)"), *layer["shape"],
-                         token_share=layer["token_share"]) for layer in plan["layers"]]
+    # A fused experts' weight (out, experts, in) is a matrix of out * experts rows.
+    layers = [LayerShape(layer["name"].removesuffix(" (tied)"), layer["numel"] // layer["shape"][-1],
+                         layer["shape"][-1], token_share=layer["token_share"]) for layer in plan["layers"]]
     keys = attended_keys(plan["seq_len"], model["attention_sliding_window_length"], model["attention_sink_tokens"])
     width = model["attention_inner_dim"] or model["hidden_size"]
     layers += [LayerShape(f"attention.{i}.scores", 2 * keys, width, streams_weights=False)

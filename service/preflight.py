@@ -64,15 +64,26 @@ def check_params(params: Mapping[str, Any], *,
         problems += check_sparsity(params["sparsity"], ("sparsity",))
     for section in ("train_input", "eval_input"):
         inputs = params.get(section)
-        data_dir = inputs.get("data_dir") if isinstance(inputs, Mapping) else None
-        # ModelZoo allows one folder or a list of them.
-        for index, path in enumerate(data_dir if isinstance(data_dir, list) else [data_dir]):
-            loc = (section, "data_dir", *((index,) if isinstance(data_dir, list) else ()))
-            if path is None and not isinstance(data_dir, list):
-                continue
-            message = check_data_dir(path, allowed_data_roots)
-            if message:
-                problems.append((loc, message))
+        if not isinstance(inputs, Mapping):
+            continue
+        problems += _data_dir_problems(inputs.get("data_dir"), (section, "data_dir"), allowed_data_roots)
+        mixture = inputs.get("mixture")  # ModelZoo's weighted data sets, each with its data_dir
+        for index, entry in enumerate(mixture if isinstance(mixture, list) else []):
+            if isinstance(entry, Mapping):
+                problems += _data_dir_problems(entry.get("data_dir"), (section, "mixture", index, "data_dir"),
+                                               allowed_data_roots)
+    return problems
+
+
+def _data_dir_problems(data_dir: Any, loc: Loc, allowed_data_roots: Sequence[Path]) -> list[Problem]:
+    """A data_dir's folders outside the allowed roots; ModelZoo allows one folder or a list."""
+    problems = []
+    for index, path in enumerate(data_dir if isinstance(data_dir, list) else [data_dir]):
+        if path is None and not isinstance(data_dir, list):
+            continue
+        message = check_data_dir(path, allowed_data_roots)
+        if message:
+            problems.append(((*loc, *((index,) if isinstance(data_dir, list) else ())), message))
     return problems
 
 

@@ -16,8 +16,10 @@ from typing import Any
 import yaml
 
 from csx_config import keys, params_v1, params_v2, trainer
-from csx_config.model import MODELS_NOT_BUILT, ModelSpec
-from csx_config.sections import InputSpec, OptimizerSpec, RunConfigSpec, TrainInputSpec
+from csx_config.families import MODELS_NOT_BUILT
+from csx_config.inputs import InputSpec, TrainInputSpec
+from csx_config.model import ModelSpec
+from csx_config.sections import OptimizerSpec, RunConfigSpec
 
 SECTIONS = {"train_input": TrainInputSpec, "eval_input": InputSpec, "model": ModelSpec,
             "optimizer": OptimizerSpec, "runconfig": RunConfigSpec}

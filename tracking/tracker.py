@@ -58,11 +58,16 @@ LAYER_METRICS = {"actual": "weights/sparsity/", "target": "weights/target/"}
 LAYER_NAMES_FILE = "layer_names.json"
 # How a parameter name shortens: (pattern, replacement), applied in order.
 _SHORT_NAME_RULES = (
-    (re.compile(r"\.weight$"), ""),
+    (re.compile(r"\.(expert_)?weights?$"), ""),
     (re.compile(r"^transformer_decoder\.layers\.(\d+)\."), lambda m: f"L{int(m[1]):02d}."),
     (re.compile(r"self_attn\.proj_(\w+?)_dense_layer"), r"attn.\1"),
-    (re.compile(r"ffn\.experts\.experts\.(\d+)\.ffn\.(\d+)\.linear_layer_for_glu"), r"expert\1.ffn\2.glu"),
-    (re.compile(r"ffn\.experts\.experts\.(\d+)\.ffn\.(\d+)\.linear_layer"), r"expert\1.ffn\2"),
+    # the experts in each of ModelZoo's layouts (models/moe.py)
+    (re.compile(r"ffn\.experts\.experts\.(\d+)\.(?:ffn\.)?(\d+)\.linear_layer_for_glu"), r"expert\1.ffn\2.glu"),
+    (re.compile(r"ffn\.experts\.experts\.(\d+)\.(?:ffn\.)?(\d+)\.linear_layer"), r"expert\1.ffn\2"),
+    (re.compile(r"ffn\.experts\.shared_experts\.(\d+)\.ffn\.(\d+)\.linear_layer_for_glu"), r"shared\1.ffn\2.glu"),
+    (re.compile(r"ffn\.experts\.shared_experts\.(\d+)\.ffn\.(\d+)\.linear_layer"), r"shared\1.ffn\2"),
+    (re.compile(r"ffn\.experts\.fused_ffns\.(\d+)\.linear_layer_for_glu"), r"experts.ffn\1.glu"),
+    (re.compile(r"ffn\.experts\.fused_ffns\.(\d+)\.linear_layer"), r"experts.ffn\1"),
     (re.compile(r"ffn\.ffn\.(\d+)\.linear_layer_for_glu"), r"ffn\1.glu"),
     (re.compile(r"ffn\.ffn\.(\d+)\.linear_layer"), r"ffn\1"),
 )

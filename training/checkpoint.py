@@ -246,6 +246,48 @@ def finalize_checkpoint(input_path: str | Path, output_path: str | Path, *, mode
 
 # What an exact resume needs besides the weights; a checkpoint lacking any starts a new phase.
 TRAINING_KEYS = ("optimizer", "lr_scheduler", "rng", "data_position", "step")
+# A checkpoint's states by ModelZoo's names (runconfig.load_checkpoint_states) -> its entries.
+STATE_ENTRIES: dict[str, tuple[str, ...]] = {
+    "model": ("model",), "optimizer": ("optimizer",), "lr_scheduler": ("lr_scheduler",),
+    "schedulers": ("lr_scheduler",), "sparsity": ("sparsity",), "dataloader": ("data_position",),
+    "global_step": ("step", "phase_start", "best_eval_loss", "mask_hashes"),
+    "grad_scaler": ("grad_scaler",), "rng": ("rng",)}
+# What describes a checkpoint rather than a state of training: kept whatever is selected.
+DESCRIPTION = ("spec", "model_config", "tokenizer")
+
+
+def select_states(state: dict[str, Any], names: frozenset[str] | None, source: str | Path) -> dict[str, Any]:
+    """The states of a checkpoint that ``load_checkpoint_states`` names (None: all), as
+    ModelZoo's LoadCheckpointStates selects them: a named state the checkpoint does not hold is
+    an error listing those it holds; the others are left out (logged)."""
+    if names is None:
+        return state
+    held = sorted(name for name, entries in STATE_ENTRIES.items() if entries[0] in state)
+    missing = sorted(names - set(held))
+    if missing:
+        raise ValueError(f"runconfig.load_checkpoint_states names {missing}, which checkpoint "
+                         f"{str(source)!r} does not hold; it holds {held}")
+    wanted = {entry for name in names for entry in STATE_ENTRIES[name]}
+    left_out = sorted(name for name in held if name not in names)
+    if left_out:
+        log.info("not loading %s of %s (runconfig.load_checkpoint_states: %s)", left_out, source, sorted(names))
+    return {key: value for key, value in state.items() if key in wanted or key in DESCRIPTION}
+
+
+def _fitted(model: torch.nn.Module, weights: dict[str, Any], source: str | Path) -> dict[str, Any]:
+    """``weights`` with the model's tensors only, the missing ones from the model as it is (a
+    missing mask stays missing where its weight is given: masks then come from the weights)."""
+    from sparsity.checkpoint import MASK_SUFFIX
+
+    own = model.state_dict()
+    extra = sorted(set(weights) - set(own))
+    missing = sorted(key for key in set(own) - set(weights)
+                     if not (key.endswith(MASK_SUFFIX) and key[: -len(MASK_SUFFIX)] in weights))
+    if extra or missing:
+        log.warning("checkpoint %s loaded non-strictly: %d tensors the model lacks left out %s, %d the "
+                    "checkpoint lacks keep their initial values %s", source, len(extra), extra[:5],
+                    len(missing), missing[:5])
+    return {**{key: own[key] for key in missing}, **{k: v for k, v in weights.items() if k in own}}
 
 
 def sparsity_of(state: dict[str, Any]) -> Any:
@@ -256,12 +298,17 @@ def sparsity_of(state: dict[str, Any]) -> Any:
 
 
 def load_model_state(model: torch.nn.Module, algorithm: Any, state: dict[str, Any], source: str | Path,
-                     model_config: dict[str, Any]) -> dict[str, Any]:
+                     model_config: dict[str, Any], *, strict: bool = True) -> dict[str, Any]:
     """Loads a checkpoint's weights into ``model`` (sparsified by ``algorithm``, or dense when
     it is None) and returns what was done, per sparse parameter ``{"saved": kept count or None
     (no mask saved), "loaded": kept count}``. The sparse path moves masks to the algorithm's
     current targets (``sparsity.checkpoint.load_into_sparse``); a mask-free checkpoint gets masks
-    from its weights' magnitudes, as a sparse run started from a dense model needs."""
+    from its weights' magnitudes, as a sparse run started from a dense model needs.
+
+    ``strict=False`` (runconfig.disable_strict_checkpoint_loading, as ModelZoo's
+    ``load_state_dict(strict=False)``): a checkpoint of another model config loads what fits;
+    tensors the model lacks are left out and tensors the checkpoint lacks keep their initial
+    values (both logged); a tensor of another shape is still an error."""
     from sparsity.checkpoint import MASK_SUFFIX, load_into_sparse, recover_masks
 
     saved_config = state.get("model_config")
@@ -269,10 +316,10 @@ def load_model_state(model: torch.nn.Module, algorithm: Any, state: dict[str, An
         # Model keys added after the checkpoint was written take their defaults, which build
         # the model it was trained with.
         saved_config = {**asdict(ModelConfig()), **saved_config}
-    if saved_config is not None and saved_config != model_config:
+    if strict and saved_config is not None and saved_config != model_config:
         raise ValueError(f"checkpoint {str(source)!r} was trained with model {saved_config}, "
                          f"but the params build {model_config}")
-    weights = state["model"]
+    weights = state["model"] if strict else _fitted(model, state["model"], source)
     try:
         if algorithm is not None:
             return load_into_sparse(model, weights, algorithm, allow_dense=True)

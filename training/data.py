@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from csx_config import HDF5_PROCESSORS, InputSpec, JobSpec, TokenizerSpec
+from csx_config.inputs import SinkTokensSpec
 from training.safe_files import read_text
 
 if TYPE_CHECKING:
-    from training.hdf5 import HDF5BatchSampler, HDF5Samples
+    from training.hdf5 import HDF5BatchSampler
     from training.text import BatchSampler, Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -62,12 +63,33 @@ def planned_vocab_size(spec: JobSpec) -> int:
 
 def planned_shapes(spec: JobSpec) -> tuple[int, int]:
     """(vocab_size, train sequence length) without reading any data beyond HDF5 shapes:
-    for plans, which must work where the data is not (yet) present."""
+    for plans, which must work where the data is not (yet) present. The length is the data's
+    (max_sequence_length, else the HDF5 files') with the tokens the data transforms add, else
+    max_position_embeddings."""
     train = spec.train_input
     seq_len = train.max_sequence_length
     if seq_len is None and is_hdf5(train, train.data_dirs()) and has_h5_files(train.data_dirs()):
-        seq_len = _hdf5_samples(train, train.data_dirs(), "train_input").seq_len
-    return planned_vocab_size(spec), seq_len or spec.model.resolved()["max_position_embeddings"]
+        return planned_vocab_size(spec), hdf5_samples(input_plan(train, train, spec.runconfig.seed)).seq_len
+    if seq_len is None:
+        return planned_vocab_size(spec), spec.model.resolved()["max_position_embeddings"]
+    return planned_vocab_size(spec), seq_len + train.added_tokens()
+
+
+def eval_source(spec: JobSpec) -> InputSpec:
+    """The section whose data evaluation reads: eval_input's, else train_input's."""
+    return spec.eval_input if spec.eval_input.data_dirs() else spec.train_input
+
+
+def input_plan(section: InputSpec, source: InputSpec, seed: int) -> InputPlan:
+    """`section` as the loader reads it, with the data of `source` (itself, or train_input for
+    an eval_input without data); `seed` is runconfig's, for a section that gives none."""
+    mixture = None if source.mixture is None else tuple(
+        (tuple(entry.data_dirs()), entry.weight) for entry in source.mixture)
+    return InputPlan(section=section.SECTION, data_processor=section.data_processor,
+                     data_dirs=tuple(source.data_dirs()), mixture=mixture,
+                     data_transforms=tuple(section.data_transforms or ()), batch_size=section.batch_size,
+                     max_sequence_length=section.max_sequence_length, shuffle=section.shuffle,
+                     shuffle_seed=seed if section.shuffle_seed is None else section.shuffle_seed)
 
 
 @dataclass(frozen=True)
@@ -76,7 +98,9 @@ class InputPlan:
 
     section: str  # "train_input" or "eval_input", for messages
     data_processor: str | None  # None: HDF5 when the folders hold .h5 files, else text
-    data_dirs: tuple[str, ...]
+    data_dirs: tuple[str, ...]  # every folder it reads (a mixture's too)
+    mixture: tuple[tuple[tuple[str, ...], float], ...] | None  # (folders, weight) per data set
+    data_transforms: tuple[SinkTokensSpec, ...]
     batch_size: int  # global, split evenly over the systems
     max_sequence_length: int | None
     shuffle: bool
@@ -112,7 +136,9 @@ def check_data(data: DataPlan) -> None:
     for section in (data.train, data.eval):
         dirs = list(section.data_dirs)
         if is_hdf5(section, dirs):
-            _hdf5_samples(section, dirs, section.section)
+            hdf5_samples(section)
+        elif section.mixture is not None or section.data_transforms:
+            raise ValueError(f"{section.section}: a mixture and data_transforms read ModelZoo HDF5 data, not text")
         elif len(dirs) != 1:
             raise ValueError(f"{section.section}.data_dir: text data takes one data_dir, got {len(dirs)} "
                              "(a list is for ModelZoo HDF5 folders)")
@@ -120,13 +146,26 @@ def check_data(data: DataPlan) -> None:
             raise ValueError(f"{section.section}.data_dir {dirs[0]!r} does not exist")
 
 
-def _hdf5_samples(section: InputSpec | InputPlan, dirs: list[str], what: str) -> HDF5Samples:
-    from training.hdf5 import HDF5Samples
+def hdf5_samples(section: InputPlan) -> Any:
+    """The samples `section` reads: its HDF5 folders' or its mixture of them (interleaved from
+    its shuffle seed when not shuffled, as ModelZoo), through its data transforms."""
+    from training.hdf5 import HDF5Mixture, HDF5Samples, SinkTokens
 
-    samples = HDF5Samples(dirs, what)
+    what = section.section
+
+    if section.mixture is not None:
+        samples: Any = HDF5Mixture([HDF5Samples(list(dirs), f"{what}.mixture") for dirs, _ in section.mixture],
+                                   [weight for _, weight in section.mixture], interleave=not section.shuffle,
+                                   seed=section.shuffle_seed, what=what)
+    else:
+        samples = HDF5Samples(list(section.data_dirs), what)
     if section.max_sequence_length not in (None, samples.seq_len):
         raise ValueError(f"{what}.max_sequence_length is {section.max_sequence_length}, but the HDF5 "
-                         f"data in {dirs} has sequences of {samples.seq_len}")
+                         f"data in {list(section.data_dirs)} has sequences of {samples.seq_len}")
+    for transform in section.data_transforms:
+        samples = SinkTokens(samples, token_id=transform.sink_token_id, count=transform.num_sink_tokens,
+                             start=transform.sink_token_start_pos,
+                             truncate=transform.truncate_to_original_length, what=what)
     return samples
 
 
@@ -141,7 +180,7 @@ def load_data(data: DataPlan, model_dir: Path | None, *, rank: int = 0, world_si
     if is_hdf5(train, train_dirs):
         vocab = data.model_vocab_size
         sampler: BatchSampler | HDF5BatchSampler = HDF5BatchSampler(
-            _hdf5_samples(train, train_dirs, "train_input"), batch_size=train.batch_size,
+            hdf5_samples(train), batch_size=train.batch_size,
             seed=train.shuffle_seed, shuffle=train.shuffle, vocab_size=vocab, rank=rank, world_size=world_size)
         tokenizer_json = {"type": "pretokenized", "vocab_size": vocab}
         tokenizer, train_splits = None, None
@@ -156,7 +195,7 @@ def load_data(data: DataPlan, model_dir: Path | None, *, rank: int = 0, world_si
         tokenizer_json, train_splits = tokenizer.to_json(), splits
     steps = data.eval_steps
     if is_hdf5(evaluation, eval_dirs):
-        eval_data: Any = HDF5EvalBatches(_hdf5_samples(evaluation, eval_dirs, "eval_input"),
+        eval_data: Any = HDF5EvalBatches(hdf5_samples(evaluation),
                                          batch_size=evaluation.batch_size, steps=steps, vocab_size=vocab,
                                          rank=rank, world_size=world_size)
     else:

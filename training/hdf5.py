@@ -10,7 +10,9 @@ batch ``b`` takes positions ``[b·B, (b+1)·B)`` of an endless stream of epochs,
 permutation drawn from ``(shuffle_seed, epoch)`` when shuffling; every replica cuts its own
 equal slice from that global batch, so the sharding over ``num_csx`` systems is deterministic
 and a resume needs only the batch position. Labels at padding positions become -100, which
-the loss ignores. ``write_hdf5`` produces this layout from token streams (``csx preprocess``).
+the loss ignores. A ``mixture`` of data sets (``HDF5Mixture``) and the ``add_sink_tokens``
+transform (``SinkTokens``) read as ModelZoo reads them. ``write_hdf5`` produces this layout
+from token streams (``csx preprocess``).
 """
 
 from __future__ import annotations
@@ -101,6 +103,89 @@ class HDF5Samples:
         data = torch.from_numpy(data)
         inputs, mask, labels = data[:, 0], data[:, 1], data[:, 2]
         return inputs, labels.masked_fill(mask == 0, IGNORE_INDEX)
+
+
+class HDF5Mixture:
+    """ModelZoo's weighted mixture of HDF5 data sets (``mixture: [{data_dir, weight}, ...]``, its
+    h5_map_dataset ``Mixture``), with the interface of ``HDF5Samples``. The weights are
+    normalised over the sets weighing more than 0. One pass over the mixture is the number of
+    samples that shows every sample of each set weighing more than 5% at least once, the
+    largest len(set) / weight; set i takes int(pass · weight_i) consecutive positions, its
+    position j its row j mod len(set). ``interleave`` (ModelZoo's, for unshuffled data) deals
+    the positions out by a permutation drawn from ``seed`` (numpy's default_rng, as ModelZoo),
+    each set's positions kept in order, so the sets are mixed and each is read in order."""
+
+    def __init__(self, sets: list[HDF5Samples], weights: list[float], *, interleave: bool, seed: int,
+                 what: str) -> None:
+        kept = [(samples, weight) for samples, weight in zip(sets, weights) if weight > 0]
+        if {samples.seq_len for samples, _ in kept} != {kept[0][0].seq_len}:
+            raise ValueError(f"{what}.mixture: its data sets mix sequence lengths "
+                             f"{sorted({samples.seq_len for samples, _ in kept})}")
+        total = sum(weight for _, weight in kept)
+        self.sets = [samples for samples, _ in kept]
+        shares = [weight / total for _, weight in kept]
+        # ModelZoo pairs the unfiltered sets with these weights here: the same unless a weight is 0.
+        spans = [len(samples) / share for samples, share in zip(self.sets, shares) if share > 0.05]
+        if not spans:
+            raise ValueError(f"{what}.mixture: no data set weighs more than 5% of the mixture, "
+                             "which ModelZoo needs to size one pass over it")
+        self.seq_len = self.sets[0].seq_len
+        self.boundaries = np.insert(np.cumsum([int(max(spans) * share) for share in shares]), 0, 0)
+        self.order: np.ndarray | None = None
+        if interleave:
+            size = len(self)
+            order = np.arange(size, dtype=np.min_scalar_type(size))
+            np.random.default_rng(seed).shuffle(order)
+            for start, end in zip(self.boundaries[:-1], self.boundaries[1:]):
+                order[(start <= order) & (order < end)] = np.arange(start, end, dtype=order.dtype)
+            self.order = order
+
+    def __len__(self) -> int:
+        return int(self.boundaries[-1])
+
+    def locate(self, indices: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(data set, row) of each position of the mixture."""
+        positions = np.asarray(list(indices), dtype=np.int64)
+        if self.order is not None:
+            positions = self.order[positions].astype(np.int64)
+        which = np.searchsorted(self.boundaries, positions, side="right") - 1
+        lengths = np.array([len(samples) for samples in self.sets])
+        return which, (positions - self.boundaries[which]) % lengths[which]
+
+    def rows(self, indices: Iterable[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        which, rows = self.locate(indices)
+        inputs = torch.empty((len(rows), self.seq_len), dtype=torch.int64)
+        labels = torch.empty_like(inputs)
+        for index in np.unique(which):
+            chosen = torch.from_numpy(np.flatnonzero(which == index))
+            inputs[chosen], labels[chosen] = self.sets[index].rows(rows[which == index].tolist())
+        return inputs, labels
+
+
+class SinkTokens:
+    """ModelZoo's ``add_sink_tokens`` transform over samples (``HDF5Samples`` or
+    ``HDF5Mixture``): ``count`` tokens ``token_id`` inserted at ``start`` of every sample, with
+    labels ignored by the loss there (ModelZoo's loss mask 0), the samples cut back to their
+    length when ``truncate``."""
+
+    def __init__(self, samples: Any, *, token_id: int, count: int, start: int, truncate: bool,
+                 what: str) -> None:
+        if start > samples.seq_len:
+            raise ValueError(f"{what}.data_transforms: sink_token_start_pos {start} is past the "
+                             f"sequence length {samples.seq_len}")
+        self.samples, self.token_id, self.count, self.start = samples, token_id, count, start
+        self.seq_len = samples.seq_len if truncate else samples.seq_len + count
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def rows(self, indices: Iterable[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, labels = self.samples.rows(indices)
+        sinks = torch.full((len(inputs), self.count), self.token_id, dtype=inputs.dtype)
+        at = self.start
+        inputs = torch.cat([inputs[:, :at], sinks, inputs[:, at:]], dim=1)[:, :self.seq_len]
+        labels = torch.cat([labels[:, :at], torch.full_like(sinks, IGNORE_INDEX), labels[:, at:]], dim=1)
+        return inputs, labels[:, :self.seq_len]
 
 
 class HDF5BatchSampler:

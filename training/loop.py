@@ -33,13 +33,14 @@ from typing import Any, Callable
 
 import torch
 
-from models.moe import ROUTED_EXPERT as EXPERT  # routed and shared experts alike
+from models.moe import expert_parts
 from training import checkpoint as ckpt
 from training.build import Run, build_run
 from training.fabric import AllReduce, compile_run
+from training.filters import checked_groups, unmatched_patterns
 from training.perf import PerfProjector
 from training.plan import MODES, JobPlan
-from training.resume import checkpoints_to_evaluate, load_weights, start, training_state
+from training.resume import checkpoints_to_evaluate, load_weights, start, training_state, warn
 
 AFTER_WARMUP = "eval/perplexity_after_warmup"
 # The progress event a resume sends for each damaged checkpoint it passed over.
@@ -160,7 +161,7 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
         run.mask_hashes.append([run.step, mask_hash(run.alg)])
     if run.alg is not None and run.step == 0 and tracker is not None and rank == 0:
         # The initial mask: Static's only one, and where every dynamic run starts from.
-        log.add(0, _sparsity_metrics(run.alg, 0))
+        log.add(0, _sparsity_metrics(run, 0))
         tracker.log_mask_update(0, {n: m.clone() for n, _, m in run.alg.sparse_parameters()})
     while run.step < run.end_step:
         lr = run.optimizer.param_groups[0]["lr"]
@@ -175,7 +176,7 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
             run.mask_hashes.append([run.step, mask_hash(run.alg)])
             if all_reduce is not None:
                 _check_replicas_agree(run.step, run.mask_hashes[-1][1], all_reduce, run.device)
-            log.add(run.step, _sparsity_metrics(run.alg, run.step))
+            log.add(run.step, _sparsity_metrics(run, run.step))
             if tracker is not None and rank == 0:
                 tracker.log_mask_update(run.step, {n: m.clone() for n, _, m in run.alg.sparse_parameters()})
         if evaluate_periodically and rc.eval_frequency and run.step % rc.eval_frequency == 0:
@@ -193,7 +194,7 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
             if run.alg is None:
                 metrics["sparsity/global"] = 0.0  # so dense shows in the sparsity chart too
             else:  # mask/* belong to update steps, logged there
-                metrics.update({k: v for k, v in _sparsity_metrics(run.alg, run.step).items()
+                metrics.update({k: v for k, v in _sparsity_metrics(run, run.step).items()
                                 if not k.startswith("mask/")})
             log.add(run.step, metrics)
             log.flush()
@@ -214,25 +215,27 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
     log.flush()
 
 
-def _sparsity_metrics(alg: Any, step: int) -> dict[str, float]:
+def _sparsity_metrics(run: Run, step: int) -> dict[str, float]:
     """`alg.metrics()` with each layer's scheduled target at `step` (GraNet's update records
     the levels its global pruning reached, which equal the actual ones), and each expert's."""
-    metrics = alg.metrics()
-    for name, level in alg.layer_targets(step).items():
+    metrics = run.alg.metrics()
+    for name, level in run.alg.layer_targets(step).items():
         metrics[f"sparsity/{name}/target"] = float(level)
-    metrics.update(expert_sparsity_metrics(alg))
+    metrics.update(expert_sparsity_metrics(run.alg, run.model))
     return metrics
 
 
-def expert_sparsity_metrics(alg: Any) -> dict[str, float]:
-    """`experts/sparsity/L<layer>.expert<e>`: the sparsity of all of an expert's sparse matrices
-    together (the per-matrix levels are `sparsity/<param>/actual`); {} without experts."""
+def expert_sparsity_metrics(alg: Any, model: torch.nn.Module) -> dict[str, float]:
+    """`experts/sparsity/L<layer>.expert<e>` (`.shared<s>`): the sparsity of all of an expert's
+    sparse matrices together, its slice of a fused one included (the per-matrix levels are
+    `sparsity/<param>/actual`); {} without experts."""
     live: dict[str, list[int]] = {}
     for name, _, mask in alg.sparse_parameters():
-        if (match := EXPERT.match(name)) is not None:
-            counts = live.setdefault(f"experts/sparsity/L{int(match[1]):02d}.expert{match[2]}", [0, 0])
-            counts[0] += int(mask.sum())
-            counts[1] += mask.numel()
+        for layer, label, part in expert_parts(model, name):
+            kept = mask if part is None else mask[part]
+            counts = live.setdefault(f"experts/sparsity/L{layer:02d}.{label}", [0, 0])
+            counts[0] += int(kept.sum())
+            counts[1] += kept.numel()
     return {key: 1.0 - nonzero / total for key, (nonzero, total) in live.items()}
 
 
@@ -284,6 +287,10 @@ def train(plan: JobPlan, *, model_dir: str, mode: str = "train", rank: int = 0,
     if rank == 0:
         folder.mkdir(parents=True, exist_ok=True)
     run = build_run(plan, folder, rank, where)
+    if run.alg is not None:
+        checked_groups(run.alg)
+    for warning in unmatched_patterns(plan.sparsity, [name for name, _ in run.model.named_parameters()]):
+        warn(run, warning)
     if rank == 0:
         (folder / "params.yaml").write_text(run.settings.params_yaml, encoding="utf-8")
     summary: dict[str, Any] = {"mode": mode, "eval_history": [], "train_losses": [],
@@ -305,6 +312,9 @@ def train(plan: JobPlan, *, model_dir: str, mode: str = "train", rank: int = 0,
             for reason in run.skipped_checkpoints:
                 progress({"event": SKIPPED_CHECKPOINT, "reason": reason})
         compile_run(run, world_size, rank, folder, all_reduce)
+        initial = ckpt.checkpoint_path(folder, run.step)
+        if rank == 0 and run.settings.save_initial_checkpoint and not initial.exists():
+            summary["initial_checkpoint"] = str(ckpt.save_checkpoint(training_state(run), initial))
         _train_steps(run, world_size=world_size, rank=rank, model_dir=folder,
                      evaluate_periodically=mode == "train_and_eval", all_reduce=all_reduce,
                      tracker=tracker, progress=progress, summary=summary)

@@ -12,10 +12,18 @@ def project(model: torch.nn.Module, *, seq_len: int, global_tokens: int, num_csx
             dense_grad: bool = False) -> Any:
     """``simulator.cost_model.project_step`` for one step of ``global_tokens`` tokens split over
     ``num_csx`` systems, with the layer shapes and densities read from the model's masks and
-    each routed expert computing on the tokens routed to it (``Transformer.token_share``)."""
-    from simulator.cost_model import WaferScaleCluster, layers_from_model, project_step
+    each routed expert computing on the tokens routed to it (``Transformer.token_share``); the
+    fused experts' weights, which are no linear layers, counted as the plan counts them."""
+    from simulator.cost_model import LayerShape, WaferScaleCluster, layers_from_model, project_step
 
-    layers = layers_from_model(model, seq_tokens=seq_len, token_share=getattr(model, "token_share", None))
+    share = getattr(model, "token_share", None)
+    layers = layers_from_model(model, seq_tokens=seq_len, token_share=share)
+    fused = [(name, label, weight) for name, label, weight in model.weight_matrices()
+             if weight.dim() == 3] if hasattr(model, "weight_matrices") else []
+    for name, label, weight in fused:  # no linear layers: each (out, expert) pair is a row
+        mask = getattr(model.get_submodule(name), "expert_weights_mask", None)
+        kept = torch.ones_like(weight, dtype=torch.bool) if mask is None else mask.detach().cpu()
+        layers.append(LayerShape.from_mask(label, kept.reshape(-1, weight.shape[-1]), share(name)))
     return project_step(layers, global_tokens, WaferScaleCluster(num_csx=num_csx),
                         dense_grad=dense_grad)
 

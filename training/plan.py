@@ -20,8 +20,9 @@ from typing import Any
 
 from csx_config import MAX_CSX, JobSpec, OptimizerSpec, batch_split_problem
 from csx_config.schedulers import warmup_steps
+from csx_config.sections import checkpoint_states
 from models.config import ModelConfig
-from training.data import DataPlan, InputPlan, planned_shapes
+from training.data import DataPlan, eval_source, input_plan, planned_shapes
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")
 
@@ -35,6 +36,9 @@ class LoopSettings:
     eval_frequency: int | None  # 0 / None: evaluate only at the end (train_and_eval)
     checkpoint_steps: int | None  # 0 / None: checkpoint only at the end
     checkpoint_path: str | None  # start (train) or evaluate (eval) from this checkpoint
+    load_checkpoint_states: frozenset[str] | None  # of checkpoint_path; None: all of them
+    strict_checkpoint_loading: bool
+    save_initial_checkpoint: bool
     sparse_kernel: str
     global_batch_size: int
     max_gradient_norm: float | None
@@ -121,23 +125,18 @@ def model_config(spec: JobSpec, vocab_size: int, seq_len: int) -> ModelConfig:
     the sequences must fit the position table."""
     config = ModelConfig(**{**spec.model.resolved(), "vocab_size": vocab_size})
     if seq_len > config.max_position_embeddings:
-        raise ValueError(f"the sequence length ({seq_len}) exceeds model.max_position_embeddings "
-                         f"({config.max_position_embeddings})")
+        sinks = spec.train_input.added_tokens()
+        what = (f"samples of {seq_len - sinks} tokens and {sinks} sink tokens (data_transforms) exceed" if sinks
+                else f"the sequence length ({seq_len}) exceeds")
+        raise ValueError(f"train_input: {what} model.max_position_embeddings ({config.max_position_embeddings})")
     return config
 
 
 def data_plan(spec: JobSpec, seq_len: int) -> DataPlan:
     seed = spec.runconfig.seed
-
-    def input_plan(section: Any, name: str, dirs: list[str]) -> InputPlan:
-        return InputPlan(section=name, data_processor=section.data_processor, data_dirs=tuple(dirs),
-                         batch_size=section.batch_size, max_sequence_length=section.max_sequence_length,
-                         shuffle=section.shuffle,
-                         shuffle_seed=seed if section.shuffle_seed is None else section.shuffle_seed)
-
     resolved = spec.model.resolved()
-    return DataPlan(train=input_plan(spec.train_input, "train_input", spec.train_input.data_dirs()),
-                    eval=input_plan(spec.eval_input, "eval_input", spec.eval_data_dirs()),
+    return DataPlan(train=input_plan(spec.train_input, spec.train_input, seed),
+                    eval=input_plan(spec.eval_input, eval_source(spec), seed),
                     eval_steps=spec.runconfig.eval_steps, tokenizer=spec.model.tokenizer,
                     requested_vocab_size=spec.model.vocab_size, model_vocab_size=resolved["vocab_size"],
                     max_position_embeddings=resolved["max_position_embeddings"], seq_len=seq_len)
@@ -147,7 +146,10 @@ def loop_settings(spec: JobSpec) -> LoopSettings:
     rc = spec.runconfig
     return LoopSettings(max_steps=rc.max_steps, log_steps=rc.log_steps,
                         eval_frequency=rc.eval_frequency, checkpoint_steps=rc.checkpoint_steps,
-                        checkpoint_path=rc.checkpoint_path, sparse_kernel=rc.sparse_kernel,
+                        checkpoint_path=rc.checkpoint_path,
+                        load_checkpoint_states=checkpoint_states(rc.load_checkpoint_states),
+                        strict_checkpoint_loading=not rc.disable_strict_checkpoint_loading,
+                        save_initial_checkpoint=rc.save_initial_checkpoint, sparse_kernel=rc.sparse_kernel,
                         global_batch_size=spec.train_input.batch_size,
                         max_gradient_norm=spec.optimizer.max_gradient_norm,
                         warmup_steps=warmup_steps(spec.optimizer.learning_rate),

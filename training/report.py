@@ -26,6 +26,7 @@ from torch import nn
 from models.config import ModelConfig
 from training import memory
 from training.build import build_sparse_model, optimizer_class
+from training.filters import checked_groups, unmatched_patterns
 from training.plan import JobPlan
 
 
@@ -42,19 +43,6 @@ def _attention_flops_per_token(config: ModelConfig, seq_len: int) -> int:
     (a sliding window bounds T), over all query heads (inner_dim)."""
     return sum(2 * 2 * _attention_context(config, seq_len, layer) * config.inner_dim
                for layer in range(config.num_hidden_layers))
-
-
-def _groups(alg: Any) -> list[dict[str, Any]]:
-    members = getattr(alg, "members", [alg])
-    groups = []
-    for index, member in enumerate(members):
-        names = [name for name, _, _ in member.sparse_parameters()]
-        if not names:
-            raise ValueError(f"sparsity group {index} ({type(member).__name__.lower()}) matches no "
-                             "parameter: check its param_filter / param_name_patterns against the "
-                             "model's parameter names (csx run --validate_only --logging DEBUG lists them)")
-        groups.append({"group": index, "algorithm": type(member).__name__.lower(), "parameters": names})
-    return groups
 
 
 def _targets(alg: Any) -> dict[str, float]:
@@ -83,13 +71,10 @@ def _projection(model: nn.Module, densities: dict[str, float], seq_len: int, tok
     masks of a meta model hold no values to read); a routed expert computes on its tokens only."""
     from simulator.cost_model import LayerShape, WaferScaleCluster, project_step
 
-    layers = []
+    layers = [LayerShape(label, weight.numel() // weight.shape[-1], weight.shape[-1], density=densities.get(label, 1.0),
+                         token_share=model.token_share(name)) for name, label, weight in model.weight_matrices()]
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
-            layers.append(LayerShape(f"{name}.weight", module.out_features, module.in_features,
-                                     density=densities.get(f"{name}.weight", 1.0),
-                                     token_share=model.token_share(name)))
-        elif "attention" in type(module).__name__.lower():
+        if "attention" in type(module).__name__.lower():
             context = _attention_context(model.built, seq_len, int(name.split(".")[2]))
             width = module.proj_q_dense_layer.out_features  # all query heads
             layers.append(LayerShape(f"{name}.scores", 2 * context, width, streams_weights=False))
@@ -137,11 +122,12 @@ def plan_report(plan: JobPlan) -> dict[str, Any]:
         "num_csx": num_csx, "global_batch": batch, "batch_per_csx": plan.batch_per_csx,
         "seq_len": seq_len, "tokens_per_step": tokens,
         "not_applied": list(plan.not_applied),
+        "warnings": unmatched_patterns(plan.sparsity, [name for name, _ in model.named_parameters()]),
         "model": {**asdict(built), "parameters": parameters, "kv_heads": built.kv_heads,
                   "active_parameters": model.num_active_parameters(),
-                  "sparse_wide_sparsity": config.sparse_wide_sparsity},
+                  "sparse_wide_sparsity": config.sparse_wide_sparsity, "features": config.features()},
         "algorithm": repr(alg) if alg is not None else None,
-        "groups": _groups(alg) if alg is not None else [],
+        "groups": checked_groups(alg) if alg is not None else [],
         "layers": layers,
         "dense_parameters": [name for name, _ in model.named_parameters() if name not in targets],
         # At the level the run ends with; "schedule" has the start too.
@@ -167,10 +153,8 @@ def _at_targets(model: nn.Module, targets: dict[str, float], seq_len: int, token
     routed expert counts for the tokens routed to it (top_k of num_experts)."""
     built = model.built
     layers, dense_linear, sparse_linear = [], 0.0, 0.0
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
-            continue  # embeddings are lookups, not matmuls (a tied lm_head is a Linear here)
-        weight, label, share = module.weight, f"{name}.weight", model.token_share(name)
+    for name, label, weight in model.weight_matrices():  # embeddings are lookups (a tied lm_head is a matmul)
+        share = model.token_share(name)
         nnz = weight.numel() - round(targets.get(label, 0.0) * weight.numel())
         dense_linear += share * weight.numel()
         sparse_linear += share * nnz
@@ -203,15 +187,9 @@ def _model_line(model: dict[str, Any]) -> str:
     positions = model["position_embedding_type"]
     if positions != "learned" and (model["pos_scaling_factor"] != 1.0 or model["pos_scaling_type"].lower() != "linear"):
         positions += f" ({model['pos_scaling_type'].lower()} scaling x{model['pos_scaling_factor']:g})"
-    window = model["attention_sliding_window_length"]
-    extras = [f"sliding window {window}"] if window else []
-    extras += ["muP"] if model["mup_base_hidden_size"] or model["output_logits_scale"] else []
-    extras += [f"Sparse-Wide s={model['sparse_wide_sparsity']}"] if model["sparse_wide_sparsity"] else []
-    moe = model["moe"] or {}
-    if moe.get("num_experts", 1) > 1:
-        extras += [f"{moe['num_experts']} experts, top {moe.get('top_k', 1)}"
-                   + (f" + {moe['num_shared_experts']} shared" if moe.get("num_shared_experts") else "")
-                   + f": {model['active_parameters']:,} active"]
+    extras = list(model["features"])
+    if model["active_parameters"] != model["parameters"]:  # routed experts a token skips
+        extras.append(f"{model['active_parameters']:,} active")
     return (f"model: {model['model_class']}, {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, filter "
             f"{model['filter_size']}, {heads}, vocab {model['vocab_size']}, {positions} positions, "
             f"{model['norm_type']}, {model['nonlinearity']}, {model['parameters']:,} parameters"
@@ -234,6 +212,7 @@ def plan_table(plan: dict[str, Any], *, debug: bool = False) -> str:
     ]
     if plan["not_applied"]:
         lines.insert(0, f"not applied here (hardware-only keys): {', '.join(plan['not_applied'])}")
+    lines[:0] = [f"warning: {warning}" for warning in plan["warnings"]]
     for group in plan["groups"]:
         lines.append(f"  group {group['group']} {group['algorithm']}: {len(group['parameters'])} parameters")
         if debug:

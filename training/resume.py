@@ -7,7 +7,9 @@ its *phase*. A checkpoint that cannot be resumed exactly (no optimizer state: a 
 cstorch NaN-sentinel one) or a finished one under a changed ``sparsity`` section (iterative
 pruning) starts a new phase at its step: its weights (masks moved to the new level, or made from
 the weights of a dense checkpoint), data position and RNG, with a fresh optimizer, LR schedule
-and sparsity algorithm, for ``max_steps`` more steps (see ``start``).
+and sparsity algorithm, for ``max_steps`` more steps (see ``start``). Of
+``runconfig.checkpoint_path`` only the states ``load_checkpoint_states`` names load
+(``model``: its weights at step 0, everything else fresh; docs/modelzoo.md).
 """
 
 from __future__ import annotations
@@ -61,12 +63,13 @@ def load_weights(run: Run, state: dict[str, Any], source: Path) -> None:
     """Weights and masks, with the sparsity state when the checkpoint was trained under the
     same sparsity section (else the algorithm only takes its step count; a changed level moves
     the masks to the new target as they load)."""
-    if run.alg is not None and state.get("sparsity") is not None:
-        if ckpt.sparsity_of(state) == run.settings.sparsity_section:
-            run.alg.load_state_dict(state["sparsity"])
-        else:
-            _set_algorithm_step(run.alg, int(state.get("step", 0)))
-    ckpt.load_model_state(run.model, run.alg, state, source, run.config_dict)
+    if run.alg is not None and state.get("sparsity") is not None and ckpt.sparsity_of(state) == run.settings.sparsity_section:
+        run.alg.load_state_dict(state["sparsity"])
+    elif run.alg is not None:
+        _set_algorithm_step(run.alg, int(state.get("step", 0)))
+    if "model" in state:
+        ckpt.load_model_state(run.model, run.alg, state, source, run.config_dict,
+                              strict=run.settings.strict_checkpoint_loading)
 
 
 def _set_algorithm_step(alg: Any, step: int) -> None:
@@ -75,12 +78,18 @@ def _set_algorithm_step(alg: Any, step: int) -> None:
 
 
 def _restore(run: Run, state: dict[str, Any], path: Path) -> None:
+    """Every state the checkpoint holds (all of them for an exact resume; those
+    runconfig.load_checkpoint_states selects of checkpoint_path); the others as at step 0."""
     load_weights(run, state, path)
-    run.optimizer.load_state_dict(state["optimizer"])
-    run.scheduler.load_state_dict(state["lr_scheduler"])
-    _set_rng_state(state["rng"], run.device)
-    run.sampler.load_state_dict(state["data_position"])
-    run.step = int(state["step"])
+    if "optimizer" in state:
+        run.optimizer.load_state_dict(state["optimizer"])
+    if "lr_scheduler" in state:
+        run.scheduler.load_state_dict(state["lr_scheduler"])
+    if "rng" in state:
+        _set_rng_state(state["rng"], run.device)
+    if "data_position" in state:
+        run.sampler.load_state_dict(state["data_position"])
+    run.step = int(state.get("step", 0))
     run.phase_start = int(state.get("phase_start", 0))
     run.end_step = run.phase_start + run.settings.max_steps
     run.best_eval_loss = float(state.get("best_eval_loss", math.inf))
@@ -93,7 +102,8 @@ def _start_phase(run: Run, state: dict[str, Any], path: Path) -> None:
     """A new phase at the checkpoint's step from its weights (and data position and RNG when
     saved); optimizer, LR schedule and sparsity algorithm start fresh, the algorithm at its
     step 0, so the sparsity section's steps count from the phase start."""
-    counts = ckpt.load_model_state(run.model, run.alg, state, path, run.config_dict)
+    counts = ckpt.load_model_state(run.model, run.alg, state, path, run.config_dict,
+                                   strict=run.settings.strict_checkpoint_loading)
     if "data_position" in state:
         run.sampler.load_state_dict(state["data_position"])
     if "rng" in state:
@@ -122,6 +132,9 @@ def start(run: Run, folder: Path) -> None:
     elif run.settings.checkpoint_path:
         path = Path(run.settings.checkpoint_path)
         state = ckpt.load_checkpoint(path)
+        if run.settings.load_checkpoint_states is not None:  # ModelZoo: the run's own checkpoints load all
+            _restore(run, ckpt.select_states(state, run.settings.load_checkpoint_states, path), path)
+            return
     else:
         return
     step = int(state.get("step", 0))

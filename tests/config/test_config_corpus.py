@@ -30,8 +30,8 @@ def test_every_corpus_file_through_csx_run_validate_only(capsys) -> None:
 
 @pytest.fixture
 def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    """The service with the data root as ModelZoo files expect it: their relative data_dir
-    (./language/datasets/...) under the service's working directory, on a cluster whose
+    """The service with the data roots as ModelZoo files expect them: their relative data_dir
+    (./language/datasets/...) under the service's working directory (and /cb), on a cluster whose
     systems hold any model (2^40 GiB each, where full-size activations run to PiB), so the
     test reads whether each file is valid; admission against this machine's memory is tested in
     tests/service/test_service_admission.py."""
@@ -39,9 +39,10 @@ def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClie
     from service.main import create_app
     from service.settings import Settings
 
+    # One published file (Jais 30B phase 1, 2.2.1) names its data by absolute paths under /cb.
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'csx.db'}", runs_dir=tmp_path / "runs",
                         mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
-                        allowed_data_roots=[tmp_path], cluster_size=4,
+                        allowed_data_roots=[tmp_path, Path("/cb")], cluster_size=4,
                         memory_per_csx_gib=2.0**40)
     monkeypatch.chdir(tmp_path)
     with TestClient(create_app(settings)) as test_client:

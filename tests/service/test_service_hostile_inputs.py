@@ -202,6 +202,8 @@ def test_a_user_cannot_read_another_users_checkpoint(client: TestClient, alice: 
      "unknown built-in data set"),
     ({"train_input": {"data_dir": ["builtin:shakespeare", "/etc"]}},
      ["params", "train_input", "data_dir", 1], "outside the allowed data roots"),
+    ({"train_input": {"mixture": [{"data_dir": "builtin:shakespeare", "weight": 1}, {"data_dir": "/etc", "weight": 1}]}},
+     ["params", "train_input", "mixture", 1, "data_dir"], "outside the allowed data roots"),
 ])
 def test_paths_outside_the_callers_area_are_refused(client: TestClient, alice: dict[str, str],
                                                     change, loc, words) -> None:

@@ -234,7 +234,7 @@ def test_optimizer_uses_the_fused_cpu_kernel_unless_the_class_has_none():
 
 MOE_SPEC = """
 train_input: {batch_size: 4, max_sequence_length: 16}
-model: {preset: tiny, moe: {num_experts: 4, top_k: 2}}
+model: {preset: tiny, moe: {num_experts: 4, top_k: 2, moe_implementation: experimental}}  # 2.10's names
 sparsity: {algorithm: static, sparsity: 0.5, param_filter: '*linear_layer.weight'}  # ModelZoo's MoE filter
 runconfig: {max_steps: 10, log_steps: 5, seed: 0, mlflow_experiment: "", sparse_kernel: dense}
 """

@@ -296,8 +296,8 @@ def test_evaluation_runs_without_dropout_and_training_resumes_with_it(tmp_path):
     0.10 of validation loss at the baby-GPT shape with dropout 0.2, docs/science.md). The evaluated loss
     is the model's loss without dropout, the same on every call, and the next training step
     draws dropout again."""
-    from workers.build import build_run
-    from workers.train import evaluate
+    from training.build import build_run
+    from training.loop import evaluate
 
     spec = JobSpec.from_yaml("model: {preset: tiny, dropout_rate: 0.5, attention_dropout_rate: 0.5}\n"
                              "train_input: {batch_size: 4, max_sequence_length: 16}\n"

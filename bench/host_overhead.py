@@ -69,12 +69,19 @@ ALGORITHMS = {"static": "{algorithm: static, sparsity: 0.8}",
 NANOGPT_LOG_INTERVAL = 10  # config/train_shakespeare_char.py
 
 
-def our_step(algorithm: str | None, folder: Path) -> Callable[[], object]:
+def our_step(algorithm: str | None, folder: Path, cpu_run: bool = False) -> Callable[[], object]:
+    """The loop's step as it runs on a GPU (training.build.build_run for a CUDA device): masked
+    dense, without the fabric's layers (training.build.fabric_layers), q, k and v in one matmul;
+    with `cpu_run`, as a CPU run takes it (the fabric's layers, sparse_kernel dense; three
+    projections)."""
     overrides = TINY + ([] if algorithm is None else [f"sparsity={ALGORITHMS[algorithm]}"])
     spec = JobSpec.from_yaml(CONFIG.read_text(encoding="utf-8"), overrides)
     run = build_run(spec, folder, 0, 1, torch.device("cpu"))
     run.end_step = 10 ** 9
-    loop._compile(run, 1, 0, folder, None)
+    if cpu_run:
+        loop._compile(run, 1, 0, folder, None)
+    else:
+        run.model.use_one_qkv_matmul()
     return lambda: loop._optimizer_step(run, None)
 
 

@@ -98,9 +98,9 @@ def build_run(spec: JobSpec, model_dir: Path, rank: int, world_size: int, device
     config = model_config(spec, data.vocab_size, data.sampler.seq_len)
     model, alg = build_sparse_model(spec, config)
     model.to(device)  # in place: the algorithm's parameters and mask buffers move with it
+    model.use_one_qkv_matmul(device.type == "cuda")  # CPU runs keep ModelZoo's three products
     precision = resolve_precision(spec.model.model_extra or {}, spec.optimizer.model_extra or {},
                                   device)
-    precision.set_backend_flags(device)
     optimizer = make_optimizer(spec.optimizer, model, spec.optimizer.adjust_learning_rate,
                                loss_scaled=precision.loss_scale is not None)
     if alg is not None:

@@ -7,9 +7,12 @@ autocast; ``float16``, ModelZoo's default: fp16 autocast with loss scaling), or
 ``dynamic`` (the default) is ``torch.amp.GradScaler`` starting at ``initial_loss_scale`` and
 growing every ``steps_per_increase`` steps; a number is that fixed scale (the scaler never grows
 it; an overflowing step is skipped and halves it, as any GradScaler does). ``min_loss_scale``
-and ``max_loss_scale`` have no GradScaler counterpart and stay unapplied. On CUDA float32
-matmuls run in TF32, as nanoGPT runs them (under autocast the matmuls are bf16 or fp16 anyway).
-On CPU training is float32 and the keys are reported as not applied.
+and ``max_loss_scale`` have no GradScaler counterpart and stay unapplied. On CPU training is
+float32 and the keys are reported as not applied. A float32 run on CUDA is float32: nanoGPT
+allows TF32 for its matmuls, but at its configuration they run in bf16 under autocast (as ours
+do), where TF32 changes nothing, and in a float32 run TF32's 10-bit mantissa would move the
+masks a gradient or magnitude ranking picks away from the CPU run's (bench/gpu_check.py
+compares them).
 """
 
 from __future__ import annotations
@@ -43,13 +46,6 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=self.autocast_dtype)
 
-    @staticmethod
-    def set_backend_flags(device: torch.device) -> None:
-        """TF32 matmuls on CUDA (cuDNN's convolutions use it by default): a process-wide flag
-        of the CUDA backend, which a CPU never reads."""
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-
     def scaler(self, device: torch.device) -> torch.amp.GradScaler | None:
         if self.loss_scale is None:
             return None
@@ -60,15 +56,14 @@ class Precision:
 def resolve_precision(model_keys: dict[str, Any], optimizer_keys: dict[str, Any],
                       device: torch.device) -> Precision:
     """The precision of the spec's ``model`` and ``optimizer`` extras on `device`."""
-    cuda = device.type == "cuda"
     if not autocasts(model_keys):
-        return Precision(applied="float32 (TF32 matmuls)") if cuda else Precision()
+        return Precision()
     fp16_type = "bfloat16" if model_keys.get("use_bfloat16") else \
         str(model_keys.get("fp16_type") or "float16")
     if fp16_type not in (*BF16_TYPES, "float16"):
         raise ValueError(f"model.fp16_type must be one of {[*BF16_TYPES, 'float16']}, "
                          f"got {fp16_type!r}")
-    if not cuda:
+    if device.type != "cuda":
         return Precision(applied=f"float32 (mixed_precision {fp16_type} applies on CUDA only)")
     if fp16_type in BF16_TYPES:
         return Precision(torch.bfloat16, applied=f"bf16 autocast ({fp16_type})")

@@ -124,10 +124,97 @@ def test_a_run_with_torch_compile_traces_the_model_as_one_graph_and_trains_alike
     assert traced["train_losses"] == eager["train_losses"]
 
 
-def test_a_cpu_run_leaves_the_cuda_backends_float32_matmuls_alone(tmp_path):
-    from training.precision import resolve_precision
+def _tiny_model(*overrides: str):
+    from training.build import build_sparse_model, model_config
 
-    summary = loop.train(JobSpec.from_yaml(SPEC, ["runconfig.max_steps=1"]), model_dir=str(tmp_path))
-    assert summary["precision"] == "float32"
-    assert torch.backends.cuda.matmul.allow_tf32 is False
-    assert resolve_precision({}, {}, torch.device("cuda")).applied == "float32 (TF32 matmuls)"
+    spec = JobSpec.from_yaml("model: {preset: tiny, dropout_rate: 0.0, attention_dropout_rate: 0.0}\n",
+                             list(overrides))
+    return build_sparse_model(spec, model_config(spec, 256, 32))
+
+
+class Calls(torch.overrides.TorchFunctionMode):
+    """Counts torch calls by name (a GPU kernel launch apiece, or more)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: dict[str, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        self.names[name] = self.names.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("overrides", [(), ("model.use_projection_bias_in_attention=true",
+                                            "model.attention_module=multiquery_attention",
+                                            "model.extra_attention_params={num_kv_groups: 2}")],
+                         ids=["plain", "biases-and-grouped-kv"])
+def test_one_qkv_matmul_computes_the_three_projections_and_their_gradients(overrides):
+    """A GPU run's attention takes q, k and v from one matmul of the stacked weights (fewer
+    launches: nanoGPT's c_attn); the model and its three parameters per layer are the same."""
+    model, _ = _tiny_model(*overrides)
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    results = []
+    for one_matmul in (False, True):
+        model.use_one_qkv_matmul(one_matmul)
+        model.zero_grad(set_to_none=True)
+        with Calls() as calls:
+            _, loss = model(tokens, tokens)
+        loss.backward()
+        results.append((float(loss.detach()), {n: p.grad for n, p in model.named_parameters()}, calls.names))
+    (separate, separate_grads, separate_calls), (one, one_grads, one_calls) = results
+    layers = model.built.num_hidden_layers
+    assert one_calls["linear"] == separate_calls["linear"] - 2 * layers
+    assert one == pytest.approx(separate, abs=1e-6)
+    for name, grad in separate_grads.items():
+        assert torch.allclose(one_grads[name], grad, atol=1e-6), name
+
+
+def test_a_watched_projection_is_called_as_its_own_layer():
+    """A forward hook on a projection (the user's, or a library's) still fires: the layer then
+    runs on its own, not inside the stacked matmul."""
+    model, _ = _tiny_model()
+    model.use_one_qkv_matmul()
+    seen = []
+    model.transformer_decoder.layers[0].self_attn.proj_k_dense_layer.register_forward_hook(
+        lambda module, args, output: seen.append(output.shape))
+    model(torch.zeros(1, 8, dtype=torch.long))
+    assert seen == [torch.Size([1, 8, model.built.kv_heads * model.built.head_dim])]
+
+
+def test_the_sparsity_hooks_mask_a_step_in_a_number_of_calls_that_does_not_grow_with_the_layers():
+    """One batched multiply for the step's gradients (clipping rescaled them after backward's
+    masking) and none for weights and optimizer state an AdamW step kept at zero, whatever the
+    number of sparse matrices: on a GPU each op per matrix was a launch from Python, and the
+    step is the host's launches. Counted in ATen ops (kernels) inside optimizer.step()."""
+    import sparsity
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: dict[str, int] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                self.names[str(func)] = self.names.get(str(func), 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    def step_ops(layers: int) -> dict[str, int]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(layers)])
+        algorithm = sparsity.Static(sparsity=0.8)
+        model.apply(algorithm)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        algorithm.apply(optimizer)
+        for _ in range(3):  # the last step's: optimizer state exists, nothing loaded since
+            optimizer.zero_grad(set_to_none=True)
+            model(torch.randn(4, 16)).square().mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with Ops() as ops:
+                optimizer.step()
+        return ops.names
+
+    few, many = step_ops(2), step_ops(6)
+    assert many == few
+    assert many["aten._foreach_mul_.List"] == 1 and "aten.mul_.Tensor" not in many

@@ -162,14 +162,15 @@ def nanogpt_checkout(given: Path | None) -> tuple[Path | None, str]:
     return given, str(given)
 
 
-def write_nanogpt_data(folder: Path) -> Path:
-    """Our corpus as nanoGPT's prepared data: the train and validation token streams of
-    builtin:shakespeare (bytes) as uint16, and meta.pkl with the vocabulary size."""
+def write_nanogpt_data(folder: Path, data_dir: str = "builtin:shakespeare") -> Path:
+    """A text corpus of ours as nanoGPT's prepared data (its data/<dataset> folder): the train
+    and validation token streams, a byte a token, as uint16, and meta.pkl with the vocabulary
+    size. research/eval_mode_gap.py trains nanoGPT on it too."""
     import numpy as np
 
-    from training.text import BUILTIN_SHAKESPEARE, ByteTokenizer, encode_documents, load_splits
+    from training.text import ByteTokenizer, encode_documents, load_splits
 
-    splits, tokenizer = load_splits(BUILTIN_SHAKESPEARE), ByteTokenizer()
+    splits, tokenizer = load_splits(data_dir), ByteTokenizer()
     folder.mkdir(parents=True, exist_ok=True)
     for name, documents in (("train", splits.train), ("val", splits.validation)):
         np.asarray(encode_documents(tokenizer, documents).numpy(), dtype=np.uint16).tofile(folder / f"{name}.bin")

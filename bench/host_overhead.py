@@ -4,8 +4,8 @@ the speed of one alone), so what the host spends per step can be measured on a C
 
 The model is nanoGPT's GPU configuration (examples/nanogpt_shakespeare_gpu.yaml: 6 layers,
 6 heads) made tiny (48 wide, one sequence of 16 tokens), so every op is the host's call
-and dispatch, not arithmetic. Each of these takes steps in turn, in rounds, so load from other
-processes falls on all alike, and each round's median is kept:
+and dispatch, not arithmetic. Each of these takes steps in turn, in rounds, in an order that
+rotates each round, so load from other processes falls on all alike; medians over rounds:
 
 - ours, dense and each of the five algorithms at 80% (Static, GMP, SET, RigL, GraNet; their
   updates outside the timed steps: the ordinary masked step), through the loop's own step
@@ -167,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(3):
                 step()
         times: dict[str, list[float]] = {name: [] for name in steps}
-        for _ in range(args.rounds):
-            for name, step in steps.items():
+        names = list(steps)
+        for round_ in range(args.rounds):  # each round in another order
+            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+                step = steps[name]
                 started = time.thread_time()
                 for _ in range(args.steps):
                     step()

@@ -135,3 +135,35 @@ def test_the_bundle_installs_offline_for_a_plain_python(tmp_path, has_pip):
                           "import probe_pkg; print(probe_pkg.ANSWER)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "42"
+
+
+def test_the_results_page_says_the_gpu_figures_are_to_come_until_a_gpu_run_gives_them(tmp_path):
+    """docs/results.md's GPU section: before a GPU run of the check, no figure of it (the earlier
+    run's, labelled as such); after one, its device and figures; rendered twice, one section."""
+    sys.path.insert(0, str(ROOT))
+    from research.gpu_report import TITLE, gpu_section, insert_gpu_section
+
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\n## First\n\ntext\n\n## `make results`: the study\n\nmore\n", encoding="utf-8")
+    insert_gpu_section(page, None)
+    text = page.read_text(encoding="utf-8")
+    assert text.index("## First") < text.index(TITLE) < text.index("## `make results`")
+    assert "No GPU has run `make gpu-check` since issue 42's changes" in text
+    cpu_side = json.loads(json.dumps({"cuda": False, "device": "cpu (no CUDA device)"}))
+    assert gpu_section(cpu_side) == gpu_section(None)  # a CPU run's JSON is no GPU figure
+    measured = {"cuda": True, "device": "NVIDIA H200", "torch": "2.11.0+cu130", "torch_cuda": "13.0",
+                "wall_s": 300.0, "loss_steps": 1500, "gpu_tests": "passed",
+                "masks": {"rigl": "equal at the first update (step 5)"},
+                "tokens_per_s": {"dense_compiled": 1.2e6, "nanogpt_compiled": 1.1e6},
+                "mfu": {"dense_compiled": 0.25}, "best_val_loss": {"dense_compiled": 1.47},
+                "final_val_loss": {"dense_compiled": 1.5}, "dense_vs_nanogpt_compiled": 1.0909,
+                "dense_best_val_loss": 1.47, "nanogpt_best_val_loss": 1.46}
+    insert_gpu_section(page, measured)
+    insert_gpu_section(page, measured)
+    text = page.read_text(encoding="utf-8")
+    assert text.count(TITLE) == 1 and "No GPU has run" not in text
+    assert "on NVIDIA H200 (torch 2.11.0+cu130, CUDA 13.0)" in text
+    assert "| dense_compiled | 1,200,000 | 25.0% | 1.4700 | 1.5000 |" in text
+    assert "| ours dense compiled ÷ nanoGPT compiled, tokens/s | 1.091 | >= 0.9 |" in text
+    assert "| best val loss, ours dense − nanoGPT | +0.0100 | <= 0.02 |" in text
+    assert text.endswith("more\n") and text.index(TITLE) < text.index("## `make results`")

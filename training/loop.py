@@ -22,7 +22,10 @@ and sparsity algorithm, for ``max_steps`` more steps (see ``_start``).
 Device: the rank's ``device`` (``cpu``, or ``cuda`` where the runner granted a GPU) holds the
 model, masks, optimizer state and each batch; the model is built and masked on the CPU first,
 so a seeded run starts from the same weights and masks on either. On CUDA the fabric's
-``sparse_kernel: auto`` runs masked dense, and the precision keys apply (training/precision.py).
+``sparse_kernel: auto`` runs masked dense, and the precision keys apply (training/precision.py);
+the step is the host's launches there (docs/design.md §1), so the step's loss stays on the
+device until the log step reads the window's losses at once, and ``runconfig.torch_compile``
+compiles the model by default.
 Resume on CUDA restores the CUDA generator too; it is bit-identical only where the kernels are
 deterministic (cuBLAS reductions may differ between runs unless CUBLAS_WORKSPACE_CONFIG and
 ``torch.use_deterministic_algorithms`` are set), so the exact-resume guarantee is for CPU.

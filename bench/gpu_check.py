@@ -139,9 +139,10 @@ def collect(process: subprocess.Popen, folder: Path, timeout: float) -> dict[str
 
 def tokens_per_s(log_times: list[list[float]], tokens_per_step: int, warmup: int) -> float | None:
     """Tokens/s over the windows between consecutive log steps after `warmup` steps, leaving
-    out the windows an evaluation falls in."""
+    out the windows an evaluation falls in and the last one (our final checkpoint and
+    evaluation are in it)."""
     steps = seconds = 0.0
-    for (first, start), (last, end) in zip(log_times, log_times[1:]):
+    for (first, start), (last, end) in zip(log_times[:-1], log_times[1:-1]):
         evaluated = int(last) // EVAL_EVERY > int(first) // EVAL_EVERY
         if first >= warmup and not evaluated:
             steps, seconds = steps + last - first, seconds + end - start

@@ -45,10 +45,11 @@ def test_without_cuda_it_exercises_its_cpu_side_and_reports_a_missing_nanogpt(tm
 
 def test_tokens_per_s_is_the_wall_clock_between_log_steps_after_warmup_and_outside_evaluations():
     # a log step every 10 steps, 10 steps a second; the window holding step 250's evaluation
-    # took 100 s more, and the first windows (warm-up, compilation) 5 s each
+    # took 100 s more, the first windows (warm-up, compilation) 5 s each, the last (the final
+    # checkpoint) 50 s
     times, clock = [[0, 0.0]], 0.0
     for step in range(10, 301, 10):
-        clock += 5.0 if step <= 50 else 1.0 + (100.0 if step == 250 else 0.0)
+        clock += 5.0 if step <= 50 else 1.0 + (100.0 if step == 250 else 50.0 if step == 300 else 0.0)
         times.append([step, clock])
     assert gpu_check.tokens_per_s(times, 1000, warmup=50) == pytest.approx(1000 * 10)
     assert gpu_check.tokens_per_s(times[:2], 1000, warmup=50) is None  # nothing after warm-up

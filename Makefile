@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test bench results docs gpu-check
+.PHONY: install run test bench results docs gpu-check gpu-bundle
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,16 @@ bench: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-# The GPU tests, GPU-vs-CPU masks of a seeded run, masked-vs-dense step and tokens/s on the GPU
-# (torch and this repo only; under 5 minutes on one GPU). Without CUDA it says so and skips.
+# Ours beside nanoGPT at its GPU configuration (NANOGPT=dir, a nanoGPT checkout), the GPU tests
+# and the GPU-vs-CPU masks (torch and this repo only; about 5 minutes on one H100); first makes
+# the venv's torch a CUDA build where an NVIDIA driver is. Without CUDA it says so and runs its
+# CPU side. docs/benchmarks.md says what it measures.
 gpu-check: install
-	$(PY) bench/gpu_check.py
+	$(PY) tools/cuda_torch.py
+	$(PY) bench/gpu_check.py $(if $(NANOGPT),--nanogpt $(NANOGPT))
+
+# For a GPU machine without network: the wheels gpu-check needs beyond torch (CPython 3.12,
+# manylinux) and, with NANOGPT=dir, nanoGPT's files, into .gpu-bundle (unversioned); there,
+# `sh tools/gpu_device_check.sh` installs them offline and runs the check.
+gpu-bundle: install
+	$(PY) tools/gpu_bundle.py build $(if $(NANOGPT),--nanogpt $(NANOGPT))

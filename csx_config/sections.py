@@ -8,8 +8,8 @@ Keys that only mean something on real Cerebras hardware (``mixed_precision``, ``
 Any other unknown key is an error naming it (csx_config.keys), reported together with every
 other problem of its section. Our own additions, all optional: ``data_dir:
 builtin:shakespeare``, and runconfig's ``num_csx`` cap, ``max_failures``, ``mlflow_experiment``,
-``sparse_kernel`` and the hardware of each system (``cpus_per_csx``, ``gpus_per_csx``,
-``placement_strategy``).
+``sparse_kernel``, ``torch_compile`` and the hardware of each system (``cpus_per_csx``,
+``gpus_per_csx``, ``placement_strategy``).
 """
 
 from __future__ import annotations
@@ -143,6 +143,9 @@ class RunConfigSpec(Section):
     # calibrated by timing in each process: CSR and dense round differently, so bit-identical
     # results across processes (resume, replicas) need a fixed "csr" or "dense".
     sparse_kernel: Literal["auto", "csr", "dense"] = "auto"
+    # torch.compile the model's forward: "auto" on CUDA, where the fabric's CSR layers do not
+    # run (training.build.compiles); true also on a CPU (a dense run there).
+    torch_compile: Literal["auto"] | bool = "auto"
     # Hardware of each simulated system, requested from Ray per worker. None: the cluster's
     # CPUs shared by the job's systems, and one GPU each where there are enough.
     # The worker's torch intra-op threads (CSR kernels included) equal its CPUs.

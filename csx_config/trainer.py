@@ -75,6 +75,7 @@ KEYS: dict[str, str] = {
     "init.csx.max_failures": "runconfig.max_failures",
     "init.csx.mlflow_experiment": "runconfig.mlflow_experiment",
     "init.csx.sparse_kernel": "runconfig.sparse_kernel",
+    "init.csx.torch_compile": "runconfig.torch_compile",
     "init.csx.cpus_per_csx": "runconfig.cpus_per_csx",
     "init.csx.gpus_per_csx": "runconfig.gpus_per_csx",
     "init.csx.placement_strategy": "runconfig.placement_strategy",

@@ -149,6 +149,12 @@ class Transformer(nn.Module):
         counts = torch.stack([chosen.detach().float().sum((0, 1)) for _, chosen in routings])
         return counts / counts.sum(-1, keepdim=True)
 
+    def use_one_qkv_matmul(self, enabled: bool = True) -> None:
+        """Every attention layer's q, k and v in one matmul (MultiheadAttention._project): a GPU
+        run's setting (training.build.build_run); the parameters stay three per layer."""
+        for layer in self.transformer_decoder.layers:
+            layer.self_attn.one_qkv_matmul = enabled
+
     def num_parameters(self) -> int:
         """Unique parameters (a tied head is counted once)."""
         return sum(p.numel() for p in self.parameters())

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import re
 import shutil
 import subprocess
@@ -28,7 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 
@@ -38,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from csx_config import JobSpec  # noqa: E402
 from training.build import build_run  # noqa: E402
 from training.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
-from training.text import ByteTokenizer, encode_documents, load_splits  # noqa: E402
+from bench.gpu_check import write_nanogpt_data  # noqa: E402
 from training.loop import evaluate, train  # noqa: E402
 from training.plan import plan_job  # noqa: E402
 
@@ -84,13 +82,7 @@ def nanogpt(checkout: Path, spec: JobSpec, steps: int, dropout: float, folder: P
     the baby-GPT shape and the given dropout."""
     work = folder / "nanogpt"
     shutil.copytree(checkout, work, ignore=shutil.ignore_patterns(".git"))
-    data = work / "data" / "csx_bytes"
-    data.mkdir(parents=True)
-    splits, tokenizer = load_splits(spec.train_input.data_dir), ByteTokenizer()
-    for name, documents in (("train", splits.train), ("val", splits.validation)):
-        encode_documents(tokenizer, documents).numpy().astype(np.uint16).tofile(data / f"{name}.bin")
-    with open(data / "meta.pkl", "wb") as out:
-        pickle.dump({"vocab_size": 256}, out)
+    write_nanogpt_data(work / "data" / "csx_bytes", spec.train_input.data_dir)
     command = [sys.executable, "train.py", "config/train_shakespeare_char.py", "--dataset=csx_bytes",
                "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=100",
                "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",

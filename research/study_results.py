@@ -352,6 +352,9 @@ def main() -> int:
     cause = RESULTS.with_name("rigl_cause.json")
     reference = json.loads(RESULTS.read_text())
     render(reference, DOCS, json.loads(cause.read_text()) if cause.exists() else None)
+    from research.gpu_report import GPU_RESULTS, insert_gpu_section  # make gpu-check's figures
+
+    insert_gpu_section(DOCS / "results.md", json.loads(GPU_RESULTS.read_text()) if GPU_RESULTS.exists() else None)
     if BLOG_RESULTS.exists():
         insert_blog_section(DOCS / "results.md", json.loads(BLOG_RESULTS.read_text()), reference)
     if BABY_RESULTS.exists():  # inserted last, so it leads the page

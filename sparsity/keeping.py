@@ -9,16 +9,17 @@ optimizer's pre- and post-step hooks, and the zeroing an update needs. It reads 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .masks import apply_mask_
+from .masks import apply_mask_, apply_masks_
 
 __all__ = ["SparseParam", "MaskKeeper"]
 
@@ -38,14 +39,14 @@ class SparseParam:
     name: str
     module: nn.Module
     param_name: str
+    mask_name: str = field(init=False, repr=False)  # the buffer's name, `<param_name>_mask`
+
+    def __post_init__(self) -> None:
+        self.mask_name = f"{self.param_name}_mask"  # read on every step: made once
 
     @property
     def param(self) -> nn.Parameter:
         return self.module._parameters[self.param_name]
-
-    @property
-    def mask_name(self) -> str:
-        return f"{self.param_name}_mask"
 
     @property
     def mask(self) -> torch.Tensor:
@@ -119,13 +120,15 @@ class MaskKeeper:
         """End of a backward pass: add each new gradient's dense part to the capture if the next
         step grows by gradient, then zero it outside the mask."""
         capture = self.needs_dense_grad()
+        new = []
         for sp in self._params:
-            grad = sp.param.grad
-            if grad is None or self._still_masked(grad, sp.mask, sp.name):
+            grad, mask = sp.param.grad, sp.mask
+            if grad is None or self._still_masked(grad, mask, sp.name):
                 continue  # no contribution from this backward
             if capture:
                 self._add_dense_grad(sp, grad)
-            self._mask_grad(sp, grad)
+            new.append((mask, grad, sp.name))
+        self._mask_and_record(new)
 
     def _add_dense_grad(self, sp: SparseParam, grad: torch.Tensor) -> None:
         """Adds this backward's dense contribution: ``grad`` is the gradient just accumulated,
@@ -155,11 +158,12 @@ class MaskKeeper:
         already: the same tensor under the same mask, neither written since we masked it (a
         loaded optimizer state is a new tensor, a loaded mask a write). So this pre-step pass
         costs nothing after the post-step pass of the previous step."""
+        stale = []
         for sp in self._params:
-            stale = [value for value in optimizer.state.get(sp.param, {}).values()
-                     if _is_state_like(value, sp.param) and not self._still_masked(value, sp.mask)]
-            if stale:
-                self._mask_tensors(sp.mask, [], stale)
+            param, mask = sp.param, sp.mask
+            stale += [(mask, value, None) for value in optimizer.state.get(param, {}).values()
+                      if _is_state_like(value, param) and not self._still_masked(value, mask)]
+        self._mask_and_record(stale)
 
     def _still_masked(self, value: torch.Tensor, mask: torch.Tensor, key: int | str | None = None) -> bool:
         entry = self._masked_state.get(id(value) if key is None else key)
@@ -172,9 +176,12 @@ class MaskKeeper:
         for value in states:
             self._record_masked(value, mask)
 
-    def _mask_grad(self, sp: SparseParam, grad: torch.Tensor) -> None:
-        apply_mask_(sp.mask, grad)
-        self._record_masked(grad, sp.mask, sp.name)
+    def _mask_and_record(self, items: list[tuple[torch.Tensor, torch.Tensor, int | str | None]]) -> None:
+        """Zero each ``(mask, tensor, key)``'s tensor outside its mask, all in one pass
+        (``apply_masks_``), and record it as masked under its key."""
+        apply_masks_([(mask, tensor) for mask, tensor, _ in items])
+        for mask, tensor, key in items:
+            self._record_masked(tensor, mask, key)
 
     @torch.no_grad()
     def mask_gradients(self) -> None:
@@ -184,13 +191,16 @@ class MaskKeeper:
         this costs nothing for them; the optimizer pre-step hook calls it too.
         """
         capture = self.needs_dense_grad()
+        changed = []
         for sp in self._params:
-            grad = sp.param.grad
-            if capture and sp.param not in self._dense_grads:
-                self._dense_grads[sp.param] = (torch.zeros_like(sp.param) if grad is None
-                                               else grad.detach().clone())
-            if grad is not None and not self._still_masked(grad, sp.mask, sp.name):
-                self._mask_grad(sp, grad)
+            param, mask = sp.param, sp.mask
+            grad = param.grad
+            if capture and param not in self._dense_grads:
+                self._dense_grads[param] = (torch.zeros_like(param) if grad is None
+                                            else grad.detach().clone())
+            if grad is not None and not self._still_masked(grad, mask, sp.name):
+                changed.append((mask, grad, sp.name))
+        self._mask_and_record(changed)
 
     def captured_dense_grads(self) -> list[torch.Tensor]:
         """The dense gradients captured for the coming update step (empty on other steps), to
@@ -204,10 +214,14 @@ class MaskKeeper:
         if _keeps_zeros(optimizer):
             # Gradient, state and weight are now 0 at every masked position, so this step writes
             # 0 there too; remember each mask's version to know after the step it did not move.
+            zeros_in, unmasked = {}, []
             for sp in self._params:
-                if not self._still_masked(sp.param, sp.mask, _weight_key(sp)):
-                    self._mask_weight(sp)
-            self._zeros_in[id(optimizer)] = {sp.name: _stamp(sp.mask, sp.mask) for sp in self._params}
+                param, mask, key = sp.param, sp.mask, _weight_key(sp)
+                if not self._still_masked(param, mask, key):
+                    unmasked.append((mask, param, key))
+                zeros_in[sp.name] = _stamp(mask, mask)
+            self._mask_and_record(unmasked)
+            self._zeros_in[id(optimizer)] = zeros_in
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if optimizer is self._optimizers[0]:  # several optimizers: the first one counts steps
@@ -218,17 +232,21 @@ class MaskKeeper:
                 self.update()
             self._dense_grads = {}
         zeros_in = self._zeros_in.pop(id(optimizer), {})
+        zeroing, kept = [], []  # (mask, tensor, key): to mask, and masked already
         for sp in self._params:
-            states = [value for value in optimizer.state.get(sp.param, {}).values()
-                      if _is_state_like(value, sp.param)]
-            if zeros_in.get(sp.name) == _stamp(sp.mask, sp.mask):
+            param, mask = sp.param, sp.mask
+            states = [(mask, value, None) for value in optimizer.state.get(param, {}).values()
+                      if _is_state_like(value, param)]
+            if zeros_in.get(sp.name) == _stamp(mask, mask):
                 # zeros in, zeros out, under an unchanged mask: record it instead of masking
-                for tensor, key in [(sp.param, _weight_key(sp)), *((state, None) for state in states)]:
-                    self._record_masked(tensor, sp.mask, key)
+                kept += [(mask, param, _weight_key(sp)), *states]
             else:
-                stale = [value for value in states if not self._still_masked(value, sp.mask)]
-                self._mask_tensors(sp.mask, [sp.param], stale)
-                self._record_masked(sp.param, sp.mask, _weight_key(sp))
+                zeroing.append((mask, param, _weight_key(sp)))
+                for item in states:
+                    (kept if self._still_masked(item[1], mask) else zeroing).append(item)
+        self._mask_and_record(zeroing)
+        for mask, tensor, key in kept:
+            self._record_masked(tensor, mask, key)
 
     @torch.no_grad()
     def zero_outside(self, param: nn.Parameter, mask: torch.Tensor) -> None:
@@ -257,8 +275,13 @@ _ZERO_KEEPING_STEPS = frozenset(
 
 
 def _keeps_zeros(optimizer: torch.optim.Optimizer) -> bool:
+    return _class_keeps_zeros(type(optimizer))
+
+
+@functools.cache
+def _class_keeps_zeros(cls: type) -> bool:
     # unwrapped: torch wraps an optimizer class's step() (profiling hooks) on first use
-    step = getattr(type(optimizer), "step", None)
+    step = getattr(cls, "step", None)
     return step is not None and inspect.unwrap(step) in _ZERO_KEEPING_STEPS
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "group_keep_counts",
     "count_per_row",
     "apply_mask_",
+    "apply_masks_",
     "topk_mask",
     "drop_minimum",
     "keep_top_active",
@@ -149,6 +150,27 @@ def apply_mask_(mask: torch.Tensor, *tensors: torch.Tensor) -> None:
             factor = keep.view(-1)[start:start + _CHUNK].to(bits)
             for flat in flats:
                 flat[start:start + _CHUNK].mul_(factor)
+
+
+def apply_masks_(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """``apply_mask_(mask, tensor)`` for every ``(mask, tensor)`` pair, exactly as it, in as few
+    calls as the device allows: one ``torch._foreach_mul_`` of bit patterns by bool masks per
+    integer width, which widens each mask inside the multiply (a kernel per tensor on CUDA from
+    one call: a training step's masking was one Python-launched kernel pair per tensor, and the
+    GPU step is the host's launches). On a CPU, tensors over a chunk of entries go through
+    ``apply_mask_``'s chunked pass instead (a CPU multiply widens its bool operand into a
+    tensor-sized temporary)."""
+    by_type: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for mask, tensor in pairs:
+        bits = _SAME_WIDTH_INT.get(tensor.element_size()) if tensor.is_floating_point() else None
+        if mask.is_meta or bits is None or (not mask.is_cuda and mask.numel() > _CHUNK):
+            apply_mask_(mask, tensor)
+            continue
+        views, masks = by_type.setdefault(bits, ([], []))
+        views.append(tensor.view(bits))
+        masks.append(mask)
+    for views, masks in by_type.values():
+        torch._foreach_mul_(views, masks)
 
 
 class TieBreaker:

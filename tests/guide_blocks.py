@@ -43,6 +43,10 @@ LINE_KINDS: list[tuple[str, str, str]] = [
                           "study by tests/service/test_service_local_stack.py"),
     (r"make test", "skip", "this suite"),
     (r"make (results|bench)", "skip", "hours: benchmarks and docs/results.md"),
+    (r"make gpu-(check|bundle) NANOGPT=\S+", "skip",
+     "a GPU, and the network for the bundle: tests/test_gpu_check.py runs the check's CPU side, "
+     "its CUDA-torch step and the bundle's offline install"),
+    (r"sh tools/gpu_device_check\.sh", "skip", "on a GPU machine without network, after make gpu-bundle"),
     (r"git worktree add .*|python research/rigl_cause\.py .*", "skip",
      "hours: the recipe behind docs/results.md's cause table, its outputs kept in research/results/"),
     (r"docker compose .*", "skip", "needs a Docker engine: tests/service/test_service_topology.py "

@@ -39,6 +39,7 @@ class Run:
     device: torch.device = torch.device("cpu")
     precision: Precision = Precision()
     scaler: torch.amp.GradScaler | None = None
+    torch_compile: bool = False  # the model's forward through torch.compile (after the fabric swap)
     step: int = 0
     phase_start: int = 0  # the step this training phase began; it ends max_steps later
     end_step: int = 0
@@ -60,8 +61,10 @@ def build_run(plan: JobPlan, model_dir: Path, rank: int, device: torch.device) -
     config = replace(plan.model, vocab_size=data.vocab_size)
     model, alg = build_sparse_model(config, plan.sparsity, seed=plan.seed)
     model.to(device)  # in place: the algorithm's parameters and mask buffers move with it
+    model.use_one_qkv_matmul(device.type == "cuda")  # CPU runs keep ModelZoo's three products
     precision = resolve_precision(*plan.precision_keys, device)
-    optimizer = make_optimizer(plan.optimizer, model, plan.optimizer.adjust_learning_rate)
+    optimizer = make_optimizer(plan.optimizer, model, plan.optimizer.adjust_learning_rate,
+                               loss_scaled=precision.loss_scale is not None)
     if alg is not None:
         alg.apply(optimizer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(plan.optimizer))
@@ -69,7 +72,31 @@ def build_run(plan: JobPlan, model_dir: Path, rank: int, device: torch.device) -
                scheduler=scheduler, sampler=data.sampler, eval_data=data.eval_data,
                config_dict=asdict(config), tokenizer_json=data.tokenizer_json,
                device=device, precision=precision, scaler=precision.scaler(device),
+               torch_compile=compiles(plan.loop.torch_compile, device,
+                                      fabric_layers(alg is not None, plan.loop.sparse_kernel, device)),
                end_step=plan.loop.max_steps)
+
+
+def fabric_layers(sparse: bool, sparse_kernel: str, device: torch.device) -> bool:
+    """Whether the simulated fabric's CSR layers take the masked linears' place
+    (training.fabric.compile_run): in a sparse run off CUDA, and on CUDA where ``sparse_kernel`` forces
+    csr. On CUDA auto and dense run masked dense (docs/design.md §1): the masked linear as it is,
+    its weights kept at 0 off the mask by the sparsity hooks."""
+    return sparse and (device.type != "cuda" or sparse_kernel == "csr")
+
+
+def compiles(setting: bool | str, device: torch.device, fabric: bool) -> bool:
+    """``runconfig.torch_compile``: "auto" compiles on CUDA (nanoGPT's step: ~1.4x faster there,
+    shared/research/gpu_anchors.md) unless the fabric's layers run, which torch.compile cannot
+    trace (they read their masks' versions on every call)."""
+    if setting == "auto":
+        return device.type == "cuda" and not fabric
+    if setting and fabric:
+        raise ValueError("runconfig.torch_compile: true cannot trace the simulated fabric's CSR "
+                         "layers, which run every sparse layer on a CPU and on CUDA with "
+                         "runconfig.sparse_kernel: csr; train dense, or on CUDA with "
+                         "sparse_kernel auto or dense")
+    return bool(setting)
 
 
 def build_sparse_model(config: ModelConfig, sparsity_section: Any, *, seed: int, device: str | None = None
@@ -106,11 +133,13 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
 
 
 def make_optimizer(spec: OptimizerSpec, model: torch.nn.Module,
-                   adjust_learning_rate: dict[str, float] | None = None) -> torch.optim.Optimizer:
+                   adjust_learning_rate: dict[str, float] | None = None,
+                   loss_scaled: bool = False) -> torch.optim.Optimizer:
     """Weight decay only on tensors with >= 2 dims (nanoGPT); options the spec sets must be
-    accepted by the chosen class. The learning rate is 1.0 here, times each parameter's muP /
-    ``adjust_learning_rate`` factor (``models.mup.lr_adjustment_scales``): ``lr_lambda``
-    gives the absolute rate of every step."""
+    accepted by the chosen class; torch's fused kernel where ``fused_kernel`` says. The
+    learning rate is 1.0 here, times each parameter's muP / ``adjust_learning_rate`` factor
+    (``models.mup.lr_adjustment_scales``): ``lr_lambda`` gives the absolute rate of every
+    step."""
     cls = optimizer_class(spec.optimizer_type)
     accepted = inspect.signature(cls.__init__).parameters
     options = spec.extra_kwargs()
@@ -120,10 +149,7 @@ def make_optimizer(spec: OptimizerSpec, model: torch.nn.Module,
         if option not in accepted:
             raise ValueError(f"optimizer.{option} is not an option of torch.optim.{cls.__name__}")
     params = [p for p in model.parameters() if p.requires_grad]
-    if "fused" in accepted and all(p.device.type == "cpu" and p.is_floating_point() for p in params):
-        # The fused CPU kernel (Adam, AdamW, SGD, Adagrad) is bit-deterministic and, unlike the
-        # default foreach path, has no slow path on the exact zeros a masked run keeps in its
-        # state (bench/masked_overhead.py: 1.09x vs 1.01x of dense at 80% RigL).
+    if "fused" in accepted and "fused" not in options and fused_kernel(cls, params, loss_scaled):
         options["fused"] = True
     if "weight_decay" in options:
         groups: list[dict[str, Any]] = [{"params": [p for p in params if p.dim() >= 2]},
@@ -131,6 +157,28 @@ def make_optimizer(spec: OptimizerSpec, model: torch.nn.Module,
     else:
         groups = [{"params": params}]
     return cls(_with_lr_scales(groups, model, adjust_learning_rate), lr=1.0, **options)
+
+
+# torch's fused optimizer kernels on CUDA (Adagrad's is the CPU's alone).
+FUSED_ON_CUDA = frozenset({torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD})
+
+
+def fused_kernel(cls: type[torch.optim.Optimizer], params: list[torch.Tensor],
+                 loss_scaled: bool = False) -> bool:
+    """Whether ``cls`` steps ``params`` (all floating point) with torch's fused kernel: on a CPU
+    every class that has one (Adam, AdamW, SGD, Adagrad): bit-deterministic and, unlike the
+    default foreach path, without a slow path on the exact zeros a masked run keeps in its state
+    (bench/masked_overhead.py: 1.09x vs 1.01x of dense at 80% RigL); on CUDA Adam, AdamW and SGD
+    (one kernel launch for many tensors, where foreach takes several and the per-tensor loop
+    one each: the GPU step is the host's launches, shared/research/gpu_anchors.md), unless
+    loss scaling is on: GradScaler hands a fused step the overflow flag instead of skipping it,
+    so the sparsity hooks would count, and update masks on, the steps it skips."""
+    if not params or not all(p.is_floating_point() for p in params):
+        return False
+    devices = {p.device.type for p in params}
+    if devices == {"cpu"}:
+        return True
+    return devices == {"cuda"} and cls in FUSED_ON_CUDA and not loss_scaled
 
 
 def _with_lr_scales(groups: list[dict[str, Any]], model: torch.nn.Module,

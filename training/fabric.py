@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from training.build import Run
+from training.build import Run, fabric_layers
 from training.safe_files import read_text
 
 AllReduce = Callable[[list[torch.Tensor]], None]
@@ -47,13 +47,14 @@ def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
 
 def compile_run(run: Run, world_size: int, rank: int, model_dir: Path, all_reduce: AllReduce | None) -> None:
     """Swap the masked linears (in place, same parameters, buffers and state_dict keys) for the
-    simulated fabric's CSR layers; each picks CSR or dense by the simulator's rule, and the
-    optimizer steps a CSR layer's non-zeros alone (its weights as values)."""
-    if run.alg is not None:
+    simulated fabric's CSR layers where they run (training.build.fabric_layers); each picks CSR
+    or dense by the simulator's rule, and the optimizer steps a CSR layer's non-zeros alone (its
+    weights as values)."""
+    if fabric_layers(run.alg is not None, run.settings.sparse_kernel, run.device):
         import simulator
 
         policy = run.settings.sparse_kernel
-        # On CUDA "auto" is masked dense (simulator.layers), measured by no CPU calibration.
+        # The calibration times this machine's CPU kernels: it decides for a CPU run only.
         calibrate = policy == "auto" and run.device.type == "cpu"
         calibration = _job_calibration(model_dir, all_reduce, write=rank == 0) if calibrate else None
         tokens = run.settings.global_batch_size // world_size * run.sampler.seq_len

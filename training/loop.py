@@ -16,7 +16,10 @@ reads) is training/resume.py's; the fabric's CSR kernels, training/fabric.py's.
 Device: the rank's ``device`` (``cpu``, or ``cuda`` where the runner granted a GPU) holds the
 model, masks, optimizer state and each batch; the model is built and masked on the CPU first,
 so a seeded run starts from the same weights and masks on either. On CUDA the fabric's
-``sparse_kernel: auto`` runs masked dense, and the precision keys apply (training/precision.py).
+``sparse_kernel: auto`` runs masked dense, and the precision keys apply (training/precision.py);
+the step is the host's launches there (docs/design.md §1), so the step's loss stays on the
+device until the log step reads the window's losses at once, and ``runconfig.torch_compile``
+compiles the model by default.
 Resume on CUDA restores the CUDA generator too; it is bit-identical only where the kernels are
 deterministic (cuBLAS reductions may differ between runs unless CUBLAS_WORKSPACE_CONFIG and
 ``torch.use_deterministic_algorithms`` are set), so the exact-resume guarantee is for CPU.
@@ -108,13 +111,30 @@ class _MetricLog:
         self.pending.clear()
 
 
-def _optimizer_step(run: Run, all_reduce: AllReduce | None) -> tuple[float, bool]:
-    """One step on this rank's slice of the next global batch; returns (global loss, whether the
-    step produced dense gradients for a mask update)."""
-    inputs, targets = run.sampler.next_batch()
+def _to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A batch on ``device``; to a GPU from pinned memory without the host waiting for the copy
+    (nanoGPT's get_batch), so the host goes on queuing the step."""
+    if device.type != "cuda":
+        return tuple(tensor.to(device) for tensor in batch)
+    return tuple(tensor.pin_memory().to(device, non_blocking=True) for tensor in batch)
+
+
+def _wait_for_device(device: torch.device) -> None:
+    """Until a GPU has run what the host queued, so a step's time is its own, not the next
+    timed step's or an evaluation's."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _optimizer_step(run: Run, all_reduce: AllReduce | None) -> tuple[torch.Tensor, bool]:
+    """One step on this rank's slice of the next global batch; returns (global loss, a
+    one-element float32 tensor on the run's device, left there: reading it would make the host
+    wait for the GPU at every step; whether the step produced dense gradients for a mask
+    update)."""
+    inputs, targets = _to_device(run.sampler.next_batch(), run.device)
     run.optimizer.zero_grad(set_to_none=True)
     with run.precision.autocast(run.device):
-        _, loss = run.model(inputs.to(run.device), targets.to(run.device))
+        _, loss = run.model(inputs, targets)
     (run.scaler.scale(loss) if run.scaler is not None else loss).backward()
     step_loss = loss.detach().float().reshape(1).clone()  # one collective with the grads
     # What the optimizer steps, read after the forward: the fabric's CSR layers put their
@@ -144,7 +164,7 @@ def _optimizer_step(run: Run, all_reduce: AllReduce | None) -> tuple[float, bool
         run.optimizer.step()  # sparsity hooks: mask grads/state, re-mask weights, update masks
     run.scheduler.step()
     run.step += 1
-    return float(step_loss), dense_grad
+    return step_loss, dense_grad
 
 
 def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evaluate_periodically: bool,
@@ -155,7 +175,7 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
     projector = PerfProjector(run.model, run.alg, seq_len=run.sampler.seq_len,
                               global_tokens=global_tokens, num_csx=world_size)
     log = _MetricLog(tracker if rank == 0 else None)
-    window_losses: list[float] = []
+    window_losses: list[torch.Tensor] = []  # on the device until the log step reads them
     train_seconds, steps_timed = 0.0, 0
     if run.alg is not None and not run.mask_hashes:
         run.mask_hashes.append([run.step, mask_hash(run.alg)])
@@ -167,26 +187,34 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
         lr = run.optimizer.param_groups[0]["lr"]
         started = time.perf_counter()
         step_loss, dense_grad = _optimizer_step(run, all_reduce)
+        window_losses.append(step_loss)
+        is_last = run.step == run.end_step
+        log_step = is_last or run.step % rc.log_steps == 0
+        evaluates = evaluate_periodically and rc.eval_frequency and run.step % rc.eval_frequency == 0
+        checkpoints = rank == 0 and (is_last or (rc.checkpoint_steps and run.step % rc.checkpoint_steps == 0))
+        updated = run.alg is not None and run.alg.is_update_step(run.alg.step)
+        if log_step:  # the window's losses in one read: the host's one wait for the GPU
+            losses = torch.cat(window_losses).tolist()
+            summary["train_losses"] += [[run.step - len(losses) + 1 + index, loss]
+                                        for index, loss in enumerate(losses)]
+        elif evaluates or checkpoints or updated:
+            _wait_for_device(run.device)
         train_seconds += time.perf_counter() - started
         steps_timed += 1
-        window_losses.append(step_loss)
-        summary["train_losses"].append([run.step, step_loss])
 
-        if run.alg is not None and run.alg.is_update_step(run.alg.step):
+        if updated:
             run.mask_hashes.append([run.step, mask_hash(run.alg)])
             if all_reduce is not None:
                 _check_replicas_agree(run.step, run.mask_hashes[-1][1], all_reduce, run.device)
             log.add(run.step, _sparsity_metrics(run, run.step))
             if tracker is not None and rank == 0:
                 tracker.log_mask_update(run.step, {n: m.clone() for n, _, m in run.alg.sparse_parameters()})
-        if evaluate_periodically and rc.eval_frequency and run.step % rc.eval_frequency == 0:
+        if evaluates:
             _record_eval(run, evaluate(run, all_reduce), summary, log)
-        is_last = run.step == run.end_step
-        log_step = is_last or run.step % rc.log_steps == 0
         if log_step:
             tokens_per_s = global_tokens * steps_timed / train_seconds
             # host/: what this machine measured; perf/: the simulated CS-2's projection.
-            metrics = {"train/loss": sum(window_losses) / len(window_losses), "lr": lr,
+            metrics = {"train/loss": sum(losses) / len(losses), "lr": lr,
                        "host/tokens_per_s": tokens_per_s, **projector.metrics(dense_grad)}
             if run.router_loads:
                 metrics.update(router_load_metrics(run.router_loads))
@@ -203,7 +231,7 @@ def _train_steps(run: Run, *, world_size: int, rank: int, model_dir: Path, evalu
             summary["tokens_per_s"] = tokens_per_s
             summary.update({k.removeprefix("perf/"): v for k, v in metrics.items()
                             if k.startswith("perf/")})
-        if rank == 0 and (is_last or (rc.checkpoint_steps and run.step % rc.checkpoint_steps == 0)):
+        if checkpoints:
             summary["checkpoint"] = str(ckpt.save_checkpoint(training_state(run), ckpt.checkpoint_path(model_dir, run.step)))
             if tracker is not None:  # a resume starts after this step: its metrics must reach MLflow now
                 log.flush()
@@ -271,7 +299,8 @@ def train(plan: JobPlan, *, model_dir: str, mode: str = "train", rank: int = 0,
     train_losses ([step, loss] of the steps run here), tokens_per_s, the perf projection
     (sim_step_ms, speedup_vs_dense, scaling_efficiency), mask_hashes ([step, sha256] pairs: initial
     masks and every update step), kernels (the fabric's CSR/dense choice per sparse layer),
-    the last checkpoint written, the device and the precision applied, and
+    the last checkpoint written, the device, the precision applied, torch_compile (whether
+    torch.compile ran the model), and
     skipped_checkpoints (why each damaged checkpoint newer than the one resumed from was passed
     over; only when there were any).
     """
@@ -294,7 +323,8 @@ def train(plan: JobPlan, *, model_dir: str, mode: str = "train", rank: int = 0,
     if rank == 0:
         (folder / "params.yaml").write_text(run.settings.params_yaml, encoding="utf-8")
     summary: dict[str, Any] = {"mode": mode, "eval_history": [], "train_losses": [],
-                               "device": str(where), "precision": run.precision.applied}
+                               "device": str(where), "precision": run.precision.applied,
+                               "torch_compile": False}
     if rank == 0:
         logging.getLogger("csx").info("training on %s, %d torch threads, precision: %s", where,
                                       torch.get_num_threads(), run.precision.applied)
@@ -315,6 +345,9 @@ def train(plan: JobPlan, *, model_dir: str, mode: str = "train", rank: int = 0,
         initial = ckpt.checkpoint_path(folder, run.step)
         if rank == 0 and run.settings.save_initial_checkpoint and not initial.exists():
             summary["initial_checkpoint"] = str(ckpt.save_checkpoint(training_state(run), initial))
+        if run.torch_compile:  # in place: the same module, parameters and state_dict keys
+            run.model.compile()
+            summary["torch_compile"] = True
         _train_steps(run, world_size=world_size, rank=rank, model_dir=folder,
                      evaluate_periodically=mode == "train_and_eval", all_reduce=all_reduce,
                      tracker=tracker, progress=progress, summary=summary)
@@ -332,7 +365,10 @@ def _finish(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
     if run.alg is not None:
         import simulator
 
-        summary["kernels"] = {d.name: d.kernel for d in simulator.decisions(run.model)}
+        # without the fabric's layers (CUDA), every masked linear runs masked dense
+        summary["kernels"] = {d.name: d.kernel for d in simulator.decisions(run.model)} or {
+            name: "dense" for name, module in run.model.named_modules()
+            if isinstance(module, torch.nn.Linear) and "weight_mask" in module._buffers}
         # per-layer final densities: what a study projects onto the full-size model
         summary["layer_density"] = {name: float(mask.float().mean())
                                     for name, _, mask in run.alg.sparse_parameters()}

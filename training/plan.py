@@ -40,6 +40,7 @@ class LoopSettings:
     strict_checkpoint_loading: bool
     save_initial_checkpoint: bool
     sparse_kernel: str
+    torch_compile: bool | str  # "auto": on CUDA where no fabric layer runs (training.build.fabric_layers)
     global_batch_size: int
     max_gradient_norm: float | None
     warmup_steps: int
@@ -150,7 +151,7 @@ def loop_settings(spec: JobSpec) -> LoopSettings:
                         load_checkpoint_states=checkpoint_states(rc.load_checkpoint_states),
                         strict_checkpoint_loading=not rc.disable_strict_checkpoint_loading,
                         save_initial_checkpoint=rc.save_initial_checkpoint, sparse_kernel=rc.sparse_kernel,
-                        global_batch_size=spec.train_input.batch_size,
+                        torch_compile=rc.torch_compile, global_batch_size=spec.train_input.batch_size,
                         max_gradient_norm=spec.optimizer.max_gradient_norm,
                         warmup_steps=warmup_steps(spec.optimizer.learning_rate),
                         spec_json=spec.model_dump(mode="json"), params_yaml=spec.to_yaml())

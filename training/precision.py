@@ -8,7 +8,11 @@ autocast; ``float16``, ModelZoo's default: fp16 autocast with loss scaling), or
 growing every ``steps_per_increase`` steps; a number is that fixed scale (the scaler never grows
 it; an overflowing step is skipped and halves it, as any GradScaler does). ``min_loss_scale``
 and ``max_loss_scale`` have no GradScaler counterpart and stay unapplied. On CPU training is
-float32 and the keys are reported as not applied.
+float32 and the keys are reported as not applied. A float32 run on CUDA is float32: nanoGPT
+allows TF32 for its matmuls, but at its configuration they run in bf16 under autocast (as ours
+do), where TF32 changes nothing, and in a float32 run TF32's 10-bit mantissa would move the
+masks a gradient or magnitude ranking picks away from the CPU run's (bench/gpu_check.py
+compares them).
 """
 
 from __future__ import annotations

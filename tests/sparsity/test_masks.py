@@ -1,5 +1,7 @@
 import torch
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparsity.masks import (
     FirstTieBreaker,
@@ -119,3 +121,35 @@ def test_apply_mask_on_meta_tensors_does_no_work():
         apply_mask_(mask, weight)
     assert CountCalls.calls < 5
     assert weight.is_meta and weight.shape == (100_000, 100_000)
+
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(DTYPES), st.integers(1, 9), st.integers(1, 9),
+                          st.booleans(), st.integers(0, 2 ** 31 - 1)), min_size=1, max_size=6))
+def test_masking_many_tensors_in_one_call_is_bit_for_bit_masking_each(tensors):
+    """apply_masks_ (one foreach multiply per width, as the sparsity hooks mask a step's
+    gradients and states) leaves exactly what apply_mask_ leaves on each tensor: kept bits
+    unchanged, +0 where the mask is False, NaN and inf there too; transposed views alike."""
+    from sparsity.masks import apply_mask_, apply_masks_
+
+    pairs, expected = [], []
+    for dtype, rows, cols, transposed, seed in tensors:
+        generator = torch.Generator().manual_seed(seed)
+        values = torch.randn(rows, cols, generator=generator).to(dtype)
+        values[torch.rand(rows, cols, generator=generator) < 0.2] = float("nan")
+        values[torch.rand(rows, cols, generator=generator) < 0.2] = -float("inf")
+        mask = torch.rand(rows, cols, generator=generator) < 0.5
+        if transposed:
+            values, mask = values.t(), mask.t()
+        alone = values.clone()
+        apply_mask_(mask, alone)
+        pairs.append((mask, values))
+        expected.append(alone)
+    apply_masks_(pairs)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+    for (_, values), alone in zip(pairs, expected):
+        width = bits[values.element_size()]
+        assert torch.equal(values.view(width), alone.view(width))

@@ -8,7 +8,6 @@ The loop alone, no Ray: `training.loop` imports with torch (and the repo) only.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,8 +28,8 @@ model: {preset: tiny}
 optimizer: {optimizer_type: AdamW, learning_rate: 3.0e-3, max_gradient_norm: 1.0}
 sparsity: {algorithm: rigl, sparsity: 0.8, update: {freq: 5, stop: 16}, drop_fraction: 0.3}
 runconfig: {max_steps: 10, checkpoint_steps: 5, log_steps: 5, seed: 0, mlflow_experiment: "",
-            sparse_kernel: dense}
-"""
+            sparse_kernel: dense, torch_compile: false}
+"""  # torch_compile: its own test below (compiling takes longer than these runs)
 WEIGHT = "transformer_decoder.layers.0.ffn.ffn.0.linear_layer.weight"
 
 
@@ -41,7 +40,7 @@ def spec(*overrides: str) -> JobSpec:
 def test_a_seeded_gpu_run_starts_from_the_cpu_runs_masks_and_follows_its_losses(tmp_path):
     cpu = train(plan_job(spec()), model_dir=str(tmp_path / "cpu"), device="cpu")
     gpu = train(plan_job(spec()), model_dir=str(tmp_path / "gpu"), device="cuda")
-    assert gpu["device"] == "cuda" and gpu["precision"] == "float32"
+    assert gpu["device"] == "cuda" and gpu["precision"] == "float32"  # no TF32: see precision.py
     assert gpu["mask_hashes"][0] == cpu["mask_hashes"][0]  # masks drawn on the CPU, moved
     (_, first_cpu), (_, first_gpu) = cpu["train_losses"][0], gpu["train_losses"][0]
     assert first_gpu == pytest.approx(first_cpu, rel=1e-4)
@@ -87,3 +86,21 @@ def test_resume_on_gpu_follows_the_uninterrupted_run(tmp_path):
     for (_, ours), (_, theirs) in zip(rest["train_losses"], whole["train_losses"][5:]):
         assert ours == pytest.approx(theirs, rel=1e-3)
     assert rest["mask_hashes"] == whole["mask_hashes"]
+
+
+def test_the_gpu_step_is_compiled_by_default_fused_and_follows_the_eager_run(tmp_path):
+    """The optimizer is torch's fused AdamW on CUDA, and runconfig.torch_compile's default
+    compiles the model there: the compiled run follows the eager one, masks kept."""
+    from training.build import build_run
+
+    run = build_run(plan_job(spec()), tmp_path / "built", 0, torch.device("cuda"))
+    assert run.optimizer.defaults["fused"] is True and run.torch_compile is False
+    eager = train(plan_job(spec()), model_dir=str(tmp_path / "eager"), device="cuda")
+    compiled = train(plan_job(spec("runconfig.torch_compile=auto")), model_dir=str(tmp_path / "compiled"),
+                     device="cuda")
+    assert compiled["torch_compile"] is True and eager["torch_compile"] is False
+    assert compiled["mask_hashes"][0] == eager["mask_hashes"][0]
+    for (_, ours), (_, theirs) in zip(compiled["train_losses"], eager["train_losses"]):
+        assert ours == pytest.approx(theirs, rel=2e-2)
+    state = load_checkpoint(checkpoint_path(tmp_path / "compiled", 10))["model"]
+    assert not bool(state[WEIGHT][~state[WEIGHT + "_mask"]].any())

@@ -13,7 +13,7 @@ from sqlalchemy import bindparam, func, insert, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.orm import Session
 
-from service.models import IdempotencyKey, Job, JobEvent, Study, Token, utcnow
+from service.models import IdempotencyKey, Job, JobEvent, MlflowExperiment, Study, Token, utcnow
 from service.states import HOLDING, JobStatus
 
 TOKEN_PREFIX = "csx_"
@@ -181,12 +181,9 @@ def add_study(session: Session, *, owner: Caller, name: str, experiment: str,
 
 
 def mlflow_experiment_ids(session: Session, *, owner: Caller) -> list[str]:
-    """The MLflow experiments holding the caller's jobs' and studies' runs."""
-    ids = session.scalars(select(Job.mlflow_experiment_id).where(
-        Job.owner_id == owner.id, Job.mlflow_experiment_id.is_not(None)).union(
-        select(Study.mlflow_experiment_id).where(
-            Study.owner_id == owner.id, Study.mlflow_experiment_id.is_not(None)))).all()
-    return sorted(ids)
+    """The MLflow experiments the service made for the caller's jobs and studies."""
+    return sorted(session.scalars(select(MlflowExperiment.mlflow_experiment_id).where(
+        MlflowExperiment.owner_id == owner.id)))
 
 
 def user_count(session: Session) -> int:

@@ -142,6 +142,21 @@ class IdempotencyKey(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class MlflowExperiment(Base):
+    """An MLflow experiment the service created for one user's experiment name
+    (service/experiments.py): the only experiments its jobs and studies log to."""
+
+    __tablename__ = "mlflow_experiments"
+    __table_args__ = (UniqueConstraint("owner_id", "name", name="uq_mlflow_experiment_owner_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("tokens.id"))
+    name: Mapped[str] = mapped_column(String(200))  # the user's name, as jobs and studies give it
+    mlflow_name: Mapped[str] = mapped_column(String(256))  # what MLflow calls it
+    mlflow_experiment_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class SchedulerLease(Base):
     """Which server schedules this database's jobs (service/lease.py): one row, renewed."""
 

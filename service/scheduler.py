@@ -33,7 +33,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,9 +42,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
-from service import crud, joblogs, lease, run_tags
+from service import crud, joblogs, lease
 from service.jobs import memory_problems
-from service.mlflow_auth import experiment_name
+from service.experiments import find_run, owned_experiment_id
 from service.models import Job, Study
 from service.settings import Settings
 from service.states import HOLDING, RESUMABLE, TERMINAL, JobStatus, move
@@ -485,19 +484,37 @@ class Scheduler:
             launch_args = {
                 "num_csx": job.num_csx, "mode": job.mode, "model_dir": str(model_dir),
                 "mlflow_run_id": job.mlflow_run_id,
-                "experiment": experiment_name(self.settings.mlflow_access, job.owner.name,
-                                              job.experiment),
                 "parent_run_id": None,
                 "progress": lambda event: self._on_progress(execution, event),
                 "max_failures": job.max_failures,
                 "tracking_uri": self.settings.mlflow_tracking_uri,
                 "run_name": run_name, "tags": run_tags,
             }
-            study_id = job.study_id
+            study_id, owner = job.study_id, (job.owner_id, job.owner.name, job.experiment)
             session.commit()
-        if study_id is not None:  # outside the transaction: MLflow may take minutes to answer
+        # Outside the transaction: MLflow may take minutes to answer.
+        experiment_id = self._experiment_of(job_id, *owner)
+        launch_args["experiment_id"] = experiment_id
+        if launch_args["mlflow_run_id"] is None:
+            # A run opened for the job by a server stopped before it recorded the run.
+            launch_args["mlflow_run_id"] = find_run(self.settings, experiment_id,
+                                                    {"csx.job_id": str(job_id)})
+        if study_id is not None:
             launch_args["parent_run_id"] = self._parent_run(study_id)
         return spec, launch_args
+
+    def _experiment_of(self, job_id: int, owner_id: int, owner_name: str,
+                       experiment: str) -> str:
+        """The job's MLflow experiment, the service's own (service/experiments.py), recorded
+        on the job for its mlflow_url."""
+        experiment_id = owned_experiment_id(self.sessions, self.settings, owner_id=owner_id,
+                                            owner_name=owner_name, experiment=experiment)
+
+        def record(session: Session, job: Job) -> None:
+            job.mlflow_experiment_id = experiment_id
+
+        self._apply(job_id, record)
+        return experiment_id
 
     def _parent_run(self, study_id: int) -> str:
         """The study's parent MLflow run, opened by its first job to start (not by the request
@@ -512,7 +529,10 @@ class Scheduler:
                 if study.mlflow_run_id is not None:
                     return study.mlflow_run_id
                 session.expunge(study)  # its loaded fields (owner included) stay readable
-            experiment_id, run_id = open_parent_run(self.settings, study)
+            experiment_id = owned_experiment_id(
+                self.sessions, self.settings, owner_id=study.owner_id,
+                owner_name=study.owner.name, experiment=study.experiment)
+            run_id = open_parent_run(self.settings, study, experiment_id)
             with self.sessions() as session:
                 session.execute(update(Study).where(Study.id == study_id).values(
                     mlflow_experiment_id=experiment_id, mlflow_run_id=run_id))
@@ -523,11 +543,6 @@ class Scheduler:
         def apply(session: Session, job: Job) -> None:
             if handle.run_id and job.mlflow_run_id != handle.run_id:
                 job.mlflow_run_id = handle.run_id
-                job.mlflow_experiment_id = _experiment_id(self.settings, handle.run_id)
-                if (access := self.settings.mlflow_access) is not None:
-                    grant = partial(access.grant_read, job.owner.name, [job.mlflow_experiment_id])
-                    run_tags.submit_write(access.tracking_uri, f"letting {job.owner.name} read "
-                                          f"experiment {job.mlflow_experiment_id}", grant)
             if job.status in (S.PROVISIONING, S.RECOVERING):
                 self._move(session, job, S.RUNNING, f"worker group of {job.num_csx} started")
 
@@ -659,8 +674,3 @@ def one_line(message: str, runs_dir: Path) -> str:
     text = text.replace(str(runs_dir) + "/", "runs/")
     return _ABSOLUTE_PATH.sub(lambda m: ".../" + m.group(1), text)[:MAX_REASON_CHARS]
 
-
-def _experiment_id(settings: Settings, run_id: str) -> str:
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(settings.mlflow_tracking_uri).get_run(run_id).info.experiment_id

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Sequence
 from urllib.parse import quote
 
 from service.full_size import full_size_report
-from service.mlflow_auth import experiment_name
+from service.experiments import find_run
 from service.models import Job, Study
 from service.schemas import (
     StudyCreate,
@@ -198,18 +198,20 @@ def gap_verdict(exceeds_noise: bool | None) -> str:
     return "real" if exceeds_noise else "within seed noise"
 
 
-def open_parent_run(settings: Settings, study: Study) -> tuple[str, str]:
-    """(experiment id, run id) of the study's parent run (loads torch via workers.tracking)."""
+def open_parent_run(settings: Settings, study: Study, experiment_id: str) -> str:
+    """The id of the study's parent run in its experiment (the service's own): the one a
+    server stopped before recording it left there, else a new one (loads torch via
+    workers.tracking)."""
     from mlflow.tracking import MlflowClient
 
     from workers.tracking import create_run
 
-    experiment = experiment_name(settings.mlflow_access, study.owner.name, study.experiment)
-    run_id = create_run(experiment, tracking_uri=settings.mlflow_tracking_uri,
-                        run_name=study.name, tags={"csx.study_id": str(study.id),
-                                                   "csx.role": "study"})
+    identity = {"csx.study_id": str(study.id), "csx.role": "study"}
+    run_id = find_run(settings, experiment_id, identity)
+    if run_id is None:
+        run_id = create_run(study.experiment, tracking_uri=settings.mlflow_tracking_uri,
+                            run_name=study.name, tags=identity, experiment_id=experiment_id)
     client = MlflowClient(settings.mlflow_tracking_uri)
-    experiment_id = client.get_run(run_id).info.experiment_id
     link = compare_link(experiment_id, study.id)
     client.set_tag(run_id, NOTE_TAG, COMPARE_NOTE.format(name=study.name, link=link))
     note = client.get_experiment(experiment_id).tags.get(NOTE_TAG)
@@ -217,7 +219,7 @@ def open_parent_run(settings: Settings, study: Study) -> tuple[str, str]:
         client.set_experiment_tag(experiment_id, NOTE_TAG,
                                   EXPERIMENT_NOTE.format(name=study.name, link=link))
     client.log_dict(run_id, study.request, "study_spec.json")
-    return experiment_id, run_id
+    return run_id
 
 
 def compare_link(experiment_id: str, study_id: int) -> str:

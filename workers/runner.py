@@ -332,7 +332,7 @@ class JobHandle:
 
 
 def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,
-              mlflow_run_id: str | None = None, experiment: str | None = None,
+              mlflow_run_id: str | None = None, experiment_id: str | None = None,
               parent_run_id: str | None = None, progress: ProgressCallback | None = None,
               max_failures: int | None = None, tracking: bool = True,
               tracking_uri: str | None = None,
@@ -342,7 +342,8 @@ def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: st
     bookkeeping; the returned handle runs the job in `wait()`.
 
     `train_fn` is the per-rank loop with `workers.train.train`'s signature (the default).
-    `run_name` and `tags` name and tag a newly created run (see `open_run`).
+    `run_name` and `tags` name and tag a newly created run (see `open_run`), in experiment
+    `experiment_id` when given, else in the one `runconfig.mlflow_experiment` names.
     """
     if not isinstance(spec, JobSpec):
         raise TypeError(f"spec must be a csx_config.JobSpec, got {type(spec).__name__}")
@@ -360,8 +361,6 @@ def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: st
         raise ValueError(f"max_failures must be >= 0, got {max_failures}")
     spec = spec.model_copy(deep=True)
     spec.runconfig.num_csx = num_csx
-    if experiment is not None:
-        spec.runconfig.mlflow_experiment = experiment
     os.makedirs(model_dir, exist_ok=True)
     model_dir = os.path.abspath(model_dir)
 
@@ -372,14 +371,14 @@ def start_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: st
         tracking_uri = resolve_tracking_uri(tracking_uri)
         run_id = mlflow_run_id or open_run(spec, num_csx=num_csx, tracking_uri=tracking_uri,
                                            parent_run_id=parent_run_id, run_name=run_name,
-                                           tags=tags)
+                                           tags=tags, experiment_id=experiment_id)
     return JobHandle(spec, num_csx=num_csx, mode=mode, model_dir=model_dir, run_id=run_id,
                      tracking_uri=tracking_uri, progress=progress, max_failures=max_failures,
                      train_fn=train_fn, hardware=hardware)
 
 
 def run_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,
-            mlflow_run_id: str | None = None, experiment: str | None = None,
+            mlflow_run_id: str | None = None, experiment_id: str | None = None,
             parent_run_id: str | None = None, progress: ProgressCallback | None = None,
             max_failures: int | None = None, tracking: bool = True,
             tracking_uri: str | None = None,
@@ -388,7 +387,7 @@ def run_job(spec: JobSpec, *, num_csx: int, mode: str = "train", model_dir: str,
     """Run a job to completion on `num_csx` simulated systems and return its summary."""
     started = time.perf_counter()
     handle = start_job(spec, num_csx=num_csx, mode=mode, model_dir=model_dir,
-                       mlflow_run_id=mlflow_run_id, experiment=experiment,
+                       mlflow_run_id=mlflow_run_id, experiment_id=experiment_id,
                        parent_run_id=parent_run_id, progress=progress,
                        max_failures=max_failures, tracking=tracking,
                        tracking_uri=tracking_uri, train_fn=train_fn, run_name=run_name,

@@ -74,10 +74,8 @@ class ScriptedLauncher:
             from mlflow.tracking import MlflowClient
 
             client = MlflowClient(kwargs["tracking_uri"])
-            experiment = client.get_experiment_by_name(kwargs["experiment"])
-            experiment_id = (experiment.experiment_id if experiment
-                             else client.create_experiment(kwargs["experiment"]))
-            handle.run_id = client.create_run(experiment_id).info.run_id
+            handle.run_id = client.create_run(kwargs["experiment_id"], run_name=kwargs["run_name"],
+                                              tags=kwargs["tags"]).info.run_id
         self.handles.append(handle)
         return handle
 

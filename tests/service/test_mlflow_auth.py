@@ -105,6 +105,43 @@ def test_each_user_reads_only_their_own_runs(auth_client: TestClient, mlflow_ser
     assert as_bob["password"] != mine["password"]
 
 
+def test_an_experiment_another_user_named_first_never_gets_the_users_runs(
+        auth_client: TestClient, mlflow_server: str) -> None:
+    """Bob creates `alice/squat` before Alice's first job there (MLflow lets any user create
+    any experiment, and makes its creator its manager): her runs must not land in it."""
+    alice, bob = make_token(auth_client, "alice"), make_token(auth_client, "bob")
+    bobs = auth_client.get("/v1/mlflow/credentials", headers=bob).json()
+    as_bob = (bobs["username"], bobs["password"])
+    api = f"{mlflow_server}/api/2.0/mlflow"
+    squat = httpx.post(f"{api}/experiments/create", json={"name": "alice/squat"}, auth=as_bob,
+                       timeout=30)
+    assert squat.status_code == 200, squat.text
+    squatted = squat.json()["experiment_id"]
+
+    jobs = []
+    for _ in range(2):
+        response = auth_client.post("/v1/jobs", json=job_body(experiment="squat"), headers=alice)
+        assert response.status_code == 201, response.text
+        jobs.append(wait_status(auth_client, alice, response.json()["id"], "RUNNING"))
+    assert run_tags.flush(mlflow_server)
+    homes = {httpx.get(f"{api}/runs/get", params={"run_id": job["mlflow_run_id"]}, auth=ADMIN,
+                       timeout=30).json()["run"]["info"]["experiment_id"] for job in jobs}
+    assert len(homes) == 1 and squatted not in homes  # one experiment, the service's own
+    (home,) = homes
+    assert all(f"/#/experiments/{home}/runs/" in job["mlflow_url"] for job in jobs)
+    for job in jobs:
+        run = {"run_id": job["mlflow_run_id"]}
+        assert httpx.get(f"{api}/runs/get", params=run, auth=as_bob, timeout=30).status_code == 403
+        assert httpx.post(f"{api}/runs/delete", json=run, auth=as_bob,
+                          timeout=30).status_code == 403
+    found = httpx.post(f"{api}/runs/search", json={"experiment_ids": [squatted]}, auth=as_bob,
+                       timeout=30)
+    assert found.status_code == 200 and found.json().get("runs", []) == []
+    alices = auth_client.get("/v1/mlflow/credentials", headers=alice).json()
+    assert httpx.get(f"{api}/runs/get", params={"run_id": jobs[0]["mlflow_run_id"]},
+                     auth=(alices["username"], alices["password"]), timeout=30).status_code == 200
+
+
 def test_credentials_say_mlflow_is_open_on_a_single_user_service(
         client: TestClient, alice: dict[str, str]) -> None:
     response = client.get("/v1/mlflow/credentials", headers=alice)

@@ -44,6 +44,7 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from service import crud, joblogs, lease
 from service.jobs import memory_problems
+from service.checkpoints import remove_unfinished_writes
 from service.experiments import find_run, owned_experiment_id
 from service.models import Job, Study
 from service.settings import Settings
@@ -262,7 +263,14 @@ class Scheduler:
 
     def recover(self) -> None:
         """After a restart: nothing is running in this process yet, whatever the rows say."""
-        self._adopt_orphans("service restarted")
+        self._take_over("service restarted")
+
+    def _take_over(self, why: str) -> None:
+        """This server now schedules the database and no job of it runs anywhere: clear what
+        killed checkpoint writes left, then adopt every job that holds systems."""
+        for path in remove_unfinished_writes(self.settings.runs_dir):
+            logger.info("removed %s, left by an interrupted checkpoint write", path)
+        self._adopt_orphans(why)
 
     def _adopt_orphans(self, why: str) -> None:
         """Jobs that hold systems but have no execution in this process: put back in the
@@ -329,7 +337,7 @@ class Scheduler:
         if self.standby is not None:
             if not self._take_lease():
                 return False
-            self._adopt_orphans("took over from a server whose lease expired")
+            self._take_over("took over from a server whose lease expired")
             return True
         with self.sessions() as session:
             renewed = lease.renew(session, self.holder, self.settings.lease_ttl_s)

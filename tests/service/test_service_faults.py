@@ -306,3 +306,19 @@ def test_a_skipped_damaged_checkpoint_is_in_the_jobs_log(
     progress({"event": SKIPPED_CHECKPOINT, "reason": reason})
     assert reason in client.get(f"/v1/jobs/{job_id}/logs", headers=alice).text
     assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["progress"]["step"] == 3
+
+
+def test_a_start_removes_what_killed_checkpoint_writes_left(
+        service_settings: Settings) -> None:
+    """kill -9 during a checkpoint write left `.checkpoint_N.mdl.*.tmp` files (0 bytes, or a
+    partial checkpoint) in the job's model folder for ever; a start clears them, nothing else."""
+    model = service_settings.runs_dir / "job-7-0a1b2c3d" / "model"
+    model.mkdir(parents=True)
+    left = [model / ".checkpoint_8.mdl.k2j3x_a.tmp", model / ".checkpoint_8.mdl.sha256.q9z.tmp"]
+    kept = [model / "checkpoint_4.mdl", model / "checkpoint_4.mdl.sha256", model / ".notes.tmp",
+            service_settings.runs_dir / ".checkpoint_8.mdl.elsewhere.tmp"]
+    for path in left + kept:
+        path.write_bytes(b"")
+    with TestClient(create_app(service_settings, launcher=ScriptedLauncher())):
+        assert not [path for path in left if path.exists()]
+    assert all(path.exists() for path in kept)

@@ -14,7 +14,7 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.orm import Session
 
 from service.models import IdempotencyKey, Job, JobEvent, MlflowExperiment, Study, Token, utcnow
-from service.states import HOLDING, JobStatus
+from service.states import HOLDING, TERMINAL, JobStatus
 
 TOKEN_PREFIX = "csx_"
 
@@ -178,6 +178,14 @@ def add_study(session: Session, *, owner: Caller, name: str, experiment: str,
     session.add(study)
     session.flush()
     return study
+
+
+def studies_to_report(session: Session) -> list[Study]:
+    """Studies with a parent run whose report is not logged yet and whose jobs all ended."""
+    unfinished = select(Job.id).where(Job.study_id == Study.id,
+                                      Job.status.not_in([s.value for s in TERMINAL]))
+    return list(session.scalars(select(Study).where(
+        Study.report_logged.is_(False), Study.mlflow_run_id.is_not(None), ~unfinished.exists())))
 
 
 def mlflow_experiment_ids(session: Session, *, owner: Caller) -> list[str]:

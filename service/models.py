@@ -65,6 +65,8 @@ class Study(Base):
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     mlflow_experiment_id: Mapped[str | None] = mapped_column(String(64))
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
+    # Its report went to its parent run (the scheduler logs it once every job ended).
+    report_logged: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     owner: Mapped[Token] = relationship(lazy="joined")

@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,12 +43,13 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
-from service import crud, joblogs, lease
+from service import crud, joblogs, lease, run_tags
 from service.jobs import memory_problems
 from service.checkpoints import remove_unfinished_writes
 from service.experiments import find_run, owned_experiment_id
 from service.models import Job, Study
 from service.settings import Settings
+from service.study_reports import log_to_parent_run
 from service.states import HOLDING, RESUMABLE, TERMINAL, JobStatus, move
 from workers.hardware import ClusterSummary, job_footprint
 
@@ -60,6 +62,7 @@ DATABASE_RETRY_S = 60.0
 SHUTDOWN = "shutdown"  # Execution.stop_reason when the service stops: leave the job resumable
 # A job's workers die with the Ray head a moment before the head's watcher notices.
 CLUSTER_LOSS_GRACE_S = 3.0
+REPORT_FLUSH_S = 15.0  # how long a stop waits for finished studies' reports to reach MLflow
 
 
 class Handle(Protocol):
@@ -183,6 +186,7 @@ class Scheduler:
         self._executions: dict[int, Execution] = {}
         self._executions_lock = threading.Lock()
         self._parent_runs_lock = threading.Lock()
+        self._reporting: set[int] = set()  # studies whose report write is queued
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -215,6 +219,8 @@ class Scheduler:
         for execution in executions:
             if execution.thread is not None:
                 execution.thread.join(max(0.0, deadline - time.monotonic()))
+        if self.standby is None:
+            self._log_due_reports(REPORT_FLUSH_S)
         # Only now: a job thread still calling Ray after ray.shutdown() would start or join
         # some other Ray runtime of this machine.
         close = getattr(self.launcher, "close", None)
@@ -311,6 +317,7 @@ class Scheduler:
             self._forward_stops(session)
             if not self.settings.paused:
                 self._start_queued(session)
+            self._report_finished_studies(session)
         self._adopt_orphans("its execution was lost")
         self.last_tick_ok = time.monotonic()
 
@@ -401,6 +408,39 @@ class Scheduler:
             self._move(session, job, S.VALIDATING, f"systems {job.systems} reserved")
             session.commit()
             self._spawn(job, resume=False)
+
+    def _report_finished_studies(self, session: Session) -> None:
+        """Queue the report of every study whose jobs all ended for its parent run (MLflow's
+        background queue, service/run_tags.py), one write per study at a time."""
+        for study in crud.studies_to_report(session):
+            with self._executions_lock:
+                if study.id in self._reporting:
+                    continue
+                self._reporting.add(study.id)
+            run_tags.submit_write(self.settings.mlflow_tracking_uri,
+                                  f"logging study {study.id}'s report to its parent run",
+                                  partial(self._log_report, study.id))
+
+    def _log_due_reports(self, timeout_s: float) -> None:
+        """On stopping: the reports of studies that just ended go to MLflow first (`make run`
+        stops its stack as soon as its study ends), for `timeout_s` at most."""
+        try:
+            with self.sessions() as session:
+                self._report_finished_studies(session)
+        except DATABASE_UNAVAILABLE as err:
+            logger.warning("study reports not logged before stopping: %s", err)
+            return
+        run_tags.flush(self.settings.mlflow_tracking_uri, timeout_s)
+
+    def _log_report(self, study_id: int) -> None:
+        try:
+            log_to_parent_run(self.settings, self.sessions, study_id)
+        except Exception as err:  # MLflow or the database away: a later tick queues it again
+            logger.warning("study %d's report not logged to its parent run yet: %s", study_id,
+                           one_line(str(err), self.settings.runs_dir))
+        finally:
+            with self._executions_lock:
+                self._reporting.discard(study_id)
 
     # ---- execution threads -----------------------------------------------------------------
     def _spawn(self, job: Job, *, resume: bool) -> Execution:

@@ -57,7 +57,7 @@ class Settings(BaseSettings):
     scheduler_interval_s: float = Field(default=0.2, gt=0, le=60)
     # Least time between two scheduler passes: bounds its share of the CPU under a burst of
     # submissions; a queued job starts at most this much later.
-    scheduler_min_gap_s: float = Field(default=0.02, ge=0, le=1)
+    scheduler_min_gap_s: float = Field(default=0.1, ge=0, le=1)
     # "module:function" with workers.runner.run_job's signature; the executor calls it in a thread.
     job_runner: str = "workers.runner:run_job"
     run_migrations_on_start: bool = True

@@ -59,7 +59,9 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]
-SessionDep = Annotated[Session, Depends(get_session)]
+# Scope "function": the session closes and its slot comes free once the handler returned, not
+# after the response was sent (a slow reader of a streamed log held a slot for as long).
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 async def get_current_user(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -163,8 +163,11 @@ def get_job_events(job: OwnedJob) -> JobEventsPage:
 
 @router.get("/{job_id:int}/logs", response_class=PlainTextResponse)
 def get_job_logs(job: OwnedJob, settings: SettingsDep,
-                 tail: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> str:
-    return joblogs.tail(joblogs.job_dir(settings.runs_dir, job.id, job.run_key), tail)
+                 tail: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> StreamingResponse:
+    """The log's last `tail` lines, streamed (its database slot is free before it is sent)."""
+    return StreamingResponse(joblogs.tail(joblogs.job_dir(settings.runs_dir, job.id,
+                                                          job.run_key), tail),
+                             media_type="text/plain; charset=utf-8")
 
 
 @router.post("/{job_id:int}:cancel", status_code=status.HTTP_202_ACCEPTED,

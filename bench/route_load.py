@@ -111,7 +111,7 @@ def database(backend: str, folder: Path) -> Iterator[str]:
 
 
 @contextmanager
-def api_server(url: str, folder: Path, job_s: float) -> Iterator[tuple[str, dict[str, str]]]:
+def api_server(url: str, folder: Path, job_s: float) -> Iterator[tuple[str, dict[str, str], int]]:
     from service.local_stack import HOST, StackProcess, free_port, wait_until_up
 
     env = {**os.environ, "CSX_DATABASE_URL": url, "CSX_RUNS_DIR": str(folder / "runs"),
@@ -129,7 +129,7 @@ def api_server(url: str, folder: Path, job_s: float) -> Iterator[tuple[str, dict
                                 log_path=folder / "server.log", env=env, cwd=ROOT)
     try:
         wait_until_up(f"http://{HOST}:{port}/v1/healthz", server, timeout_s=120)
-        yield f"http://{HOST}:{port}", tokens
+        yield f"http://{HOST}:{port}", tokens, server.popen.pid
     finally:
         server.stop()
 
@@ -163,8 +163,15 @@ def large_log(folder: Path, url: str, job_id: int, megabytes: int) -> None:
             out.write(block)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time the process has used (user + system): what a request costs the server,
+    whatever else the machine runs meanwhile."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def load(base: str, tokens: dict[str, str], folder: Path, url: str, clients: int,
-               seconds: float) -> dict[str, Any]:
+               seconds: float, server_cpu: Any) -> dict[str, Any]:
     alice = {"Authorization": f"Bearer {tokens['alice']}"}
     root = {"Authorization": f"Bearer {tokens['root']}"}
     limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=clients + 10)
@@ -230,9 +237,9 @@ async def load(base: str, tokens: dict[str, str], folder: Path, url: str, client
                 latencies[name].append(time.perf_counter() - started)
                 codes[name][code] += 1
 
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), server_cpu()
         await asyncio.gather(*(client() for _ in range(clients)))
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, server_cpu() - cpu
         left = await cancel_all(http, root)
     every = sorted(t for values in latencies.values() for t in values)
     per_route = {name: {"n": len(latencies[name]), "p50_ms": ms(latencies[name], 0.5),
@@ -241,6 +248,8 @@ async def load(base: str, tokens: dict[str, str], folder: Path, url: str, client
     all_codes = sum(codes.values(), Counter())
     return {"requests": len(every), "req_per_s": round(len(every) / wall, 1),
             "p50_ms": ms(every, 0.5), "p99_ms": ms(every, 0.99),
+            "server_cpu_ms_per_request": round(1000 * cpu / max(1, len(every)), 2),
+            "server_cpu_share": round(cpu / wall, 2),
             "timeouts": all_codes[-1], "resets": all_codes[0], "reset_kinds": dict(resets),
             "bad_5xx": sum(n for code, n in all_codes.items() if code >= 500 and code != 503),
             "answers_503": all_codes[503], **left, "routes": per_route}
@@ -288,14 +297,18 @@ def run_backend(backend: str, clients: int, seconds: float, job_s: float,
     with tempfile.TemporaryDirectory(prefix=f"csx-routes-{backend}-") as tmp:
         folder = keep_dir / backend if keep_dir else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        with database(backend, folder) as url, api_server(url, folder, job_s) as (base, tokens):
-            result = asyncio.run(load(base, tokens, folder, url, clients, seconds))
+        with database(backend, folder) as url, \
+                api_server(url, folder, job_s) as (base, tokens, pid):
+            result = asyncio.run(load(base, tokens, folder, url, clients, seconds,
+                                      lambda: cpu_seconds(pid)))
     result = {"backend": backend, "clients": clients, "seconds": seconds, **result}
     result["meets_target"] = (result["p99_ms"] <= TARGET_P99_MS and result["timeouts"] == 0
                               and result["resets"] == 0 and result["bad_5xx"] == 0
                               and result["left_non_terminal"] == 0)
     print(f"{backend}: {result['requests']} requests from {clients} clients in {seconds:g} s "
           f"({result['req_per_s']} req/s): p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
+          f"server CPU {result['server_cpu_ms_per_request']} ms/request "
+          f"({result['server_cpu_share']} of a core), "
           f"{result['timeouts']} timeouts, {result['resets']} resets {result['reset_kinds']}, "
           f"{result['bad_5xx']} x 5xx "
           f"(503: {result['answers_503']}); cancel-all of {result['cancelled']}: "

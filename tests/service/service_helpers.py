@@ -80,8 +80,10 @@ class ScriptedLauncher:
         return handle
 
     def launches_of(self, job_id: int) -> list[ScriptedHandle]:
+        folders = (f"job-{job_id}", f"job-{job_id}-")  # a job from before run keys: job-<id>
         return [h for h in self.handles
-                if Path(h.kwargs["model_dir"]).parent.name.startswith(f"job-{job_id}-")]
+                if Path(h.kwargs["model_dir"]).parent.name in folders[:1]
+                or Path(h.kwargs["model_dir"]).parent.name.startswith(folders[1])]
 
     def handle_for(self, job_id: int, *, launch: int = 1, timeout_s: float = 30) -> ScriptedHandle:
         """The handle of the job's `launch`-th launch, waiting for it to happen."""

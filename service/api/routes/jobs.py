@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -42,6 +43,7 @@ from service.schemas import (
 )
 from service.states import IllegalTransition, JobStatus, move
 from csx_config import JobSpec
+from csx_config.keys import format_problems
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 IdempotencyKeyHeader = Annotated[
@@ -185,8 +187,15 @@ def cancel_job(job: OwnedJob, user: CurrentUser, session: SessionDep, settings: 
              response_model=JobPublic, responses={409: {"description": "illegal transition"}})
 def retry_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
               scheduler: SchedulerDep) -> JobPublic:
-    """Queue a failed or cancelled job again, if it still fits the cluster's memory."""
-    problems = memory_problems(JobSpec.model_validate(job.params), job.num_csx, settings)
+    """Queue a failed or cancelled job again, if its stored params still validate and fit
+    the cluster's memory."""
+    try:
+        spec = JobSpec.model_validate(job.params)
+    except ValidationError as err:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} cannot run again: its "
+                            f"stored params no longer validate ({format_problems(err)}); "
+                            "submit them again as they are meant now") from None
+    problems = memory_problems(spec, job.num_csx, settings)
     if problems:
         raise unprocessable(problems, prefix=("job",))
     _move(session, job, JobStatus.QUEUED, f"retry (attempt {job.attempt + 1})", settings)

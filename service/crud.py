@@ -109,10 +109,11 @@ def queue_position(session: Session, *, job: Mapping[str, Any]) -> int | None:
     return int(ahead or 0) + 1
 
 
-def queue_head(session: Session) -> Job | None:
-    """The QUEUED job that starts next (one indexed row, however long the queue)."""
+def queue_head(session: Session, *, max_systems: int) -> Job | None:
+    """The QUEUED job that starts next among those needing at most `max_systems` (one indexed
+    row, however long the queue)."""
     return session.scalars(
-        select(Job).where(Job.status == JobStatus.QUEUED.value)
+        select(Job).where(Job.status == JobStatus.QUEUED.value, Job.num_csx <= max_systems)
         .order_by(Job.priority.desc(), Job.id).limit(1)
     ).first()
 

@@ -60,6 +60,7 @@ DATABASE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeoutError)
 # How long a job thread keeps retrying one database write before it gives up on it.
 DATABASE_RETRY_S = 60.0
 SHUTDOWN = "shutdown"  # Execution.stop_reason when the service stops: leave the job resumable
+REQUEUE = "requeue"  # ... when its systems left the cluster: back to the queue, resumable
 # A job's workers die with the Ray head a moment before the head's watcher notices.
 CLUSTER_LOSS_GRACE_S = 3.0
 REPORT_FLUSH_S = 15.0  # how long a stop waits for finished studies' reports to reach MLflow
@@ -154,7 +155,7 @@ class Execution:
     job_id: int
     folder: Path  # the job's folder: its log, model and checkpoints
     handle: Handle | None = None
-    # Why the scheduler stopped it: "cancelled", "timeout" or SHUTDOWN.
+    # Why the scheduler stopped it: "cancelled", "timeout", SHUTDOWN or REQUEUE.
     stop_reason: str | None = None
     # (status, message, result) once the job ended, until the database has recorded it.
     outcome: tuple[JobStatus, str, dict[str, Any] | None] | None = None
@@ -315,6 +316,7 @@ class Scheduler:
         self._retry_outcomes()
         with self.sessions() as session:
             self._forward_stops(session)
+            self._give_back_lost_systems(session)
             if not self.settings.paused:
                 self._start_queued(session)
             self._report_finished_studies(session)
@@ -383,6 +385,27 @@ class Scheduler:
                   and (now - job.started_at).total_seconds() > job.timeout_s):
                 execution.stop("timeout")
 
+    def _give_back_lost_systems(self, session: Session) -> None:
+        """A node left the cluster: its jobs hold more systems than there are. Those whose
+        workers wait for Ray to place them again (RECOVERING) would wait for a node that may
+        never return, up to their timeout, holding systems another job could use: they go back
+        to the queue (the newest first, until what is held fits), to resume from their last
+        checkpoint once there is room."""
+        systems = self.settings.cluster().systems
+        holding = crud.jobs_in(session, statuses=HOLDING)
+        excess = sum(len(job.systems) for job in holding) - systems
+        waiting = sorted((job for job in holding if job.status == S.RECOVERING),
+                         key=lambda job: -job.id)
+        for job in waiting:
+            if excess <= 0:
+                return
+            execution = self._executions.get(job.id)
+            if execution is not None and execution.stop_reason is None:
+                joblogs.append(execution.folder, f"the cluster has {systems} systems, its jobs "
+                               f"hold {excess + systems}: back to the queue")
+                execution.stop(REQUEUE)
+            excess -= len(job.systems)
+
     def _start_queued(self, session: Session) -> None:
         cluster = self.settings.cluster()
         holding = crud.jobs_in(session, statuses=HOLDING)
@@ -396,9 +419,10 @@ class Scheduler:
         capacity = (cluster.systems * cluster.cpus_per_system, cluster.gpus)
         # Strict priority + FIFO: the head waits for its systems, CPUs and GPUs; nobody
         # overtakes it. Only the head is read, so a tick costs one indexed row however long
-        # the queue is. A head larger than the whole cluster starts alone (and fails, naming
-        # the key) rather than blocking the queue.
-        while (job := crud.queue_head(session)) is not None and job.num_csx <= len(free):
+        # the queue is. A job larger than the whole cluster (which shrank since it was
+        # admitted: a node left) is passed over until the cluster grows again.
+        while ((job := crud.queue_head(session, max_systems=cluster.systems)) is not None
+               and job.num_csx <= len(free)):
             need = footprint(cluster, job)
             if holding and any(u + n > c + 1e-9 for u, n, c in zip(used, need, capacity)):
                 break
@@ -633,6 +657,9 @@ class Scheduler:
             outcome, message = S.FAILED, "TIMEOUT: the job ran longer than its timeout_s"
         elif execution.stop_reason == "cancelled":
             outcome, message = S.CANCELLED, "cancelled"
+        elif execution.stop_reason == REQUEUE:
+            outcome, message = S.QUEUED, ("back in the queue: a node of the cluster left with "
+                                          "its systems; resumes from its last checkpoint")
 
         def apply(session: Session, job: Job) -> None:
             if job.status in TERMINAL:
@@ -646,6 +673,8 @@ class Scheduler:
                 self._move(session, job, S.CANCELLING, message)
             if target is S.SUCCEEDED and job.status != S.RUNNING:
                 self._move(session, job, S.RUNNING, "resumed")
+            if target is S.QUEUED and job.status != S.RECOVERING:
+                self._move(session, job, S.RECOVERING, "worker group stopped")
             self._move(session, job, target, message)
 
         self._apply(execution.job_id, apply, retry_s=retry_s)

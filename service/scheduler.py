@@ -426,11 +426,17 @@ class Scheduler:
             need = footprint(cluster, job)
             if holding and any(u + n > c + 1e-9 for u, n, c in zip(used, need, capacity)):
                 break
+            systems = free[:job.num_csx]
+            job.systems = systems
+            self._move(session, job, S.VALIDATING, f"systems {systems} reserved")
+            try:
+                session.commit()
+            except StaleDataError:  # cancelled (or moved) by the API meanwhile: next head
+                session.rollback()
+                continue
             used = [u + n for u, n in zip(used, need)]
             holding.append(job)
-            job.systems, free = free[:job.num_csx], free[job.num_csx:]
-            self._move(session, job, S.VALIDATING, f"systems {job.systems} reserved")
-            session.commit()
+            free = free[job.num_csx:]
             self._spawn(job, resume=False)
 
     def _report_finished_studies(self, session: Session) -> None:

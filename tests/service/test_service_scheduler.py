@@ -256,3 +256,33 @@ def test_a_job_whose_node_left_goes_back_to_the_queue_and_frees_the_rest(
     assert wait_status(client, alice, big, "SUCCEEDED")["attempt"] == 1
     assert _statuses(client, alice, big)[-6:] == [
         "RECOVERING", "QUEUED", "VALIDATING", "PROVISIONING", "RUNNING", "SUCCEEDED"]
+
+
+def test_a_cancel_racing_the_jobs_start_still_cancels_it(
+        client: TestClient, alice: dict[str, str], monkeypatch) -> None:
+    """Cancel-all of a long queue: the scheduler started a job between a cancel's read and its
+    write; the cancel answered 409 and the job ran on. A second cancel of a job already
+    stopping answered 409 too."""
+    from service.api.routes import jobs as routes
+
+    client.app.state.settings.paused = True  # the job starts only when the test says so
+    job_id = _submit(client, alice)
+    real_move = routes.move
+
+    def scheduler_first(session, job, target, **options):
+        monkeypatch.setattr(routes, "move", real_move)
+        with client.app.state.scheduler.sessions() as other:  # the scheduler's start
+            started = other.get(Job, job.id)
+            started.systems = [0]
+            real_move(other, started, JobStatus.VALIDATING, message="systems [0] reserved")
+            other.commit()
+        return real_move(session, job, target, **options)
+
+    monkeypatch.setattr(routes, "move", scheduler_first)
+    answer = client.post(f"/v1/jobs/{job_id}:cancel", headers=alice)
+    assert answer.status_code == 202 and answer.json()["status"] == "CANCELLING", answer.text
+    again = client.post(f"/v1/jobs/{job_id}:cancel", headers=alice)
+    assert again.status_code == 202, again.text
+    wait_status(client, alice, job_id, "CANCELLED")
+    assert _statuses(client, alice, job_id) == ["QUEUED", "VALIDATING", "CANCELLING",
+                                                "CANCELLED"]

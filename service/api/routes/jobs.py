@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
@@ -176,8 +177,13 @@ def get_job_logs(job: OwnedJob, settings: SettingsDep,
              response_model=JobPublic, responses={409: {"description": "illegal transition"}})
 def cancel_job(job: OwnedJob, user: CurrentUser, session: SessionDep, settings: SettingsDep,
                scheduler: SchedulerDep) -> JobPublic:
-    # Nothing runs for a queued job, so it is cancelled at once; others stop via CANCELLING.
-    target = JobStatus.CANCELLED if job.status == JobStatus.QUEUED else JobStatus.CANCELLING
+    def target(current: JobStatus) -> JobStatus | None:
+        # Nothing runs for a queued job, so it is cancelled at once; others stop via
+        # CANCELLING, and one stopping already needs nothing more.
+        if current is JobStatus.CANCELLING:
+            return None
+        return JobStatus.CANCELLED if current is JobStatus.QUEUED else JobStatus.CANCELLING
+
     _move(session, job, target, f"cancel requested by {user.name}", settings)
     scheduler.wake()
     return to_public(session, job, settings)
@@ -198,20 +204,34 @@ def retry_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
     problems = memory_problems(spec, job.num_csx, settings)
     if problems:
         raise unprocessable(problems, prefix=("job",))
-    _move(session, job, JobStatus.QUEUED, f"retry (attempt {job.attempt + 1})", settings)
+    _move(session, job, lambda _: JobStatus.QUEUED, f"retry (attempt {job.attempt + 1})",
+          settings)
     scheduler.wake()
     return to_public(session, job, settings)
 
 
-def _move(session: SessionDep, job: Any, target: JobStatus, message: str,
-          settings: SettingsDep) -> None:
-    try:
-        move(session, job, target, message=message,
-             mlflow_tracking_uri=settings.mlflow_tracking_uri)
-        session.commit()
-    except IllegalTransition as err:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
-    except StaleDataError:
-        session.rollback()
-        message = f"job {job.id} changed state meanwhile; read it and try again"
-        raise HTTPException(status.HTTP_409_CONFLICT, message) from None
+# A request's move retried when the scheduler moved the job between its read and its write.
+MOVE_TRIES = 5
+
+
+def _move(session: SessionDep, job: Any, target: Callable[[JobStatus], JobStatus | None],
+          message: str, settings: SettingsDep) -> None:
+    """Move the job to `target(its status)` (None: nothing to do). When the scheduler moved
+    it meanwhile (optimistic locking), read it again and decide again: a cancel racing the
+    job's start used to answer 409 and leave the job to run."""
+    for _ in range(MOVE_TRIES):
+        to = target(JobStatus(job.status))
+        if to is None:
+            return
+        try:
+            move(session, job, to, message=message,
+                 mlflow_tracking_uri=settings.mlflow_tracking_uri)
+            session.commit()
+            return
+        except IllegalTransition as err:
+            session.rollback()
+            raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
+        except StaleDataError:
+            session.rollback()  # expires the job: the next read is the database's
+    raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} kept changing state; read "
+                                                  "it and try again")

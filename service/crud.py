@@ -24,20 +24,39 @@ def hash_secret(secret: str) -> str:
 
 
 def create_token(session: Session, *, name: str, is_admin: bool = False) -> tuple[Token, str]:
-    """Store a new token; the secret is returned once and only its sha256 is kept."""
-    if session.scalar(select(Token).where(Token.name == name)) is not None:
+    """Store a new token (or give a revoked one a new secret: its jobs stay its own); the
+    secret is returned once and only its sha256 is kept."""
+    token = session.scalar(select(Token).where(Token.name == name))
+    if token is not None and token.revoked_at is None:
         raise ValueError(f"a token named {name!r} already exists")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = Token(name=name, token_hash=hash_secret(secret), is_admin=is_admin)
-    session.add(token)
+    if token is None:
+        token = Token(name=name, token_hash=hash_secret(secret), is_admin=is_admin)
+        session.add(token)
+    else:
+        token.token_hash, token.is_admin, token.revoked_at = hash_secret(secret), is_admin, None
     session.flush()
     return token, secret
+
+
+def list_tokens(session: Session) -> list[Token]:
+    return list(session.scalars(select(Token).order_by(Token.id)))
+
+
+def revoke_token(session: Session, *, name: str) -> Token:
+    """The token's secret stops authenticating (at once: requests look it up each time)."""
+    token = session.scalar(select(Token).where(Token.name == name))
+    if token is None:
+        raise ValueError(f"no token named {name!r}")
+    if token.revoked_at is None:
+        token.revoked_at = utcnow()
+    return token
 
 
 def rotate_token(session: Session, *, name: str, is_admin: bool) -> str:
     """A new secret for token `name` (created if missing); the old secret stops working."""
     token = session.scalar(select(Token).where(Token.name == name))
-    if token is None:
+    if token is None or token.revoked_at is not None:
         return create_token(session, name=name, is_admin=is_admin)[1]
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token.token_hash, token.is_admin = hash_secret(secret), is_admin
@@ -59,7 +78,7 @@ class Caller:
 # cost more than SQLite running them.
 _JOBS, _EVENTS = Job.__table__, JobEvent.__table__
 _CALLER_BY_HASH = select(Token.id, Token.name, Token.is_admin).where(
-    Token.token_hash == bindparam("token_hash"))
+    Token.token_hash == bindparam("token_hash"), Token.revoked_at.is_(None))
 _INSERT_JOB = insert(_JOBS).returning(*_JOBS.c)
 _INSERT_EVENT = insert(_EVENTS)
 # Two range counts on the (status, priority, id) index: one OR-ed condition scans every queued

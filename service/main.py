@@ -17,7 +17,7 @@ from service.api.body import PARSE_THREADS
 from service.api.main import api_router
 from service.api.openapi import build_openapi
 from service.db import make_engine, make_sessionmaker, upgrade_database
-from service.limits import BodySizeLimit
+from service.limits import BodySizeLimit, FailedAuthLimiter
 from service.scheduler import DATABASE_UNAVAILABLE, Launcher, Scheduler
 from service.settings import Settings
 
@@ -68,6 +68,8 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     app.state.settings = settings
     app.state.body_parsers = {size: anyio.CapacityLimiter(threads)
                               for size, threads in PARSE_THREADS.items()}
+    app.state.auth_limiter = FailedAuthLimiter(settings.auth_failures_max,
+                                               settings.auth_failures_window_s)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(api_router, prefix=API_PREFIX)
     app.openapi = lambda: app.openapi_schema or _cache_openapi(app)  # type: ignore[method-assign]

@@ -53,6 +53,8 @@ class Token(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the secret
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # `csx token revoke`: the secret stops working; the row stays, its jobs keep their owner.
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class Study(Base):

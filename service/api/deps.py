@@ -65,17 +65,25 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 async def get_current_user(
+    request: Request,
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Caller:
     unauthorized = {"WWW-Authenticate": "Bearer"}
     if credentials is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Not authenticated", unauthorized)
+    limiter = request.app.state.auth_limiter
+    client = request.client.host if request.client else "unknown"
+    if (wait_s := limiter.retry_after_s(client)) is not None:
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                            f"too many failed authentications from {client}; retry in {wait_s} s",
+                            {"Retry-After": str(wait_s)})
     caller = crud.get_caller(session, secret=credentials.credentials)
     # End the read so the connection goes back to the pool while the request waits for its
     # body to arrive and be parsed (behind others' uploads); a plain record stays valid.
     session.rollback()
     if caller is None:
+        limiter.failed(client)
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Invalid token", unauthorized)
     return caller
 

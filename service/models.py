@@ -86,7 +86,7 @@ class Job(Base):
     __mapper_args__ = {"version_id_col": version}  # noqa: RUF012
     owner_id: Mapped[int] = mapped_column(ForeignKey("tokens.id"), index=True)
     study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id"), index=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(Text)  # a study's: "<study>/<variant>[/seed<N>]"
     experiment: Mapped[str] = mapped_column(String(200), index=True)
     status: Mapped[str] = mapped_column(String(20), index=True)
     # In the job's folder name (joblogs.job_dir): random, so a folder left by another database
@@ -131,6 +131,12 @@ class JobEvent(Base):
     at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     job: Mapped[Job] = relationship(back_populates="events")
+
+
+def owner_name(row: Job | Study) -> str:
+    """The name of the token that owns a job or study; a token row deleted by hand (before
+    `csx token revoke` existed) leaves only its id, and an admin's listing must still answer."""
+    return row.owner.name if row.owner is not None else f"(removed user {row.owner_id})"
 
 
 class IdempotencyKey(Base):

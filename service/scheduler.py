@@ -47,7 +47,7 @@ from service import crud, joblogs, lease, run_tags
 from service.jobs import memory_problems
 from service.checkpoints import remove_unfinished_writes
 from service.experiments import find_run, owned_experiment_id
-from service.models import Job, Study
+from service.models import Job, Study, owner_name
 from service.settings import Settings
 from service.study_reports import log_to_parent_run
 from service.states import HOLDING, RESUMABLE, TERMINAL, JobStatus, move
@@ -568,7 +568,7 @@ class Scheduler:
                 "tracking_uri": self.settings.mlflow_tracking_uri,
                 "run_name": run_name, "tags": run_tags,
             }
-            study_id, owner = job.study_id, (job.owner_id, job.owner.name, job.experiment)
+            study_id, owner = job.study_id, (job.owner_id, owner_name(job), job.experiment)
             session.commit()
         # Outside the transaction: MLflow may take minutes to answer.
         experiment_id = self._experiment_of(job_id, *owner)
@@ -609,7 +609,7 @@ class Scheduler:
                 session.expunge(study)  # its loaded fields (owner included) stay readable
             experiment_id = owned_experiment_id(
                 self.sessions, self.settings, owner_id=study.owner_id,
-                owner_name=study.owner.name, experiment=study.experiment)
+                owner_name=owner_name(study), experiment=study.experiment)
             run_id = open_parent_run(self.settings, study, experiment_id)
             with self.sessions() as session:
                 session.execute(update(Study).where(Study.id == study_id).values(

@@ -21,6 +21,7 @@ import anyio
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.convertors import Convertor, register_url_convertor
 
 from service import crud
 from service.crud import Caller
@@ -29,6 +30,21 @@ from service.schemas import MAX_ID
 from service.scheduler import Scheduler
 from service.settings import Settings
 
+class IdConvertor(Convertor[int]):
+    """`{job_id:id}` in a route: a run of digits. Starlette's `int` convertor converted it with
+    int(), which refuses more than 4,300 digits (an 8,000-digit id answered 500); one with more
+    digits than MAX_ID has is read as MAX_ID + 1, which `ResourceId` refuses (422)."""
+
+    regex = "[0-9]+"
+
+    def convert(self, value: str) -> int:
+        return int(value) if len(value) <= len(str(MAX_ID)) else MAX_ID + 1
+
+    def to_string(self, value: int) -> str:
+        return str(value)
+
+
+register_url_convertor("id", IdConvertor())  # before the route modules define their paths
 ResourceId = Annotated[int, Path(ge=1, le=MAX_ID)]
 bearer = HTTPBearer(auto_error=False, description="a token from `csx token create`")
 

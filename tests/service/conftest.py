@@ -49,16 +49,22 @@ def empty_mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def service_settings(tmp_path: Path, empty_mlflow_store: Path) -> Settings:
+def mlflow_uri(tmp_path: Path, empty_mlflow_store: Path) -> str:
+    """A test's own MLflow store, its tables made already."""
+    shutil.copyfile(empty_mlflow_store, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture
+def service_settings(tmp_path: Path, mlflow_uri: str) -> Settings:
     """Four systems on four one-CPU nodes (this machine's memory and GPUs), so the scripted
     launcher's 1-system jobs run side by side whatever this machine's cores: on one node a
     1-system job takes every core by default and the scheduler starts the next when it ends."""
     (tmp_path / "data").mkdir()
-    shutil.copyfile(empty_mlflow_store, tmp_path / "mlflow.db")
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'csx.db'}",
         runs_dir=tmp_path / "runs",
-        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        mlflow_tracking_uri=mlflow_uri,
         allowed_data_roots=[tmp_path / "data"],
         cluster_size=4,
         scheduler_interval_s=0.05,

@@ -154,17 +154,17 @@ def list_jobs(
     return JobsPage(data=data, count=len(data), next_cursor=next_cursor)
 
 
-@router.get("/{job_id:int}", response_model=JobDetail)
+@router.get("/{job_id:id}", response_model=JobDetail)
 def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobDetail:
     return to_detail(session, job, settings)
 
 
-@router.get("/{job_id:int}/events", response_model=JobEventsPage)
+@router.get("/{job_id:id}/events", response_model=JobEventsPage)
 def get_job_events(job: OwnedJob) -> JobEventsPage:
     return JobEventsPage.model_validate({"data": job.events, "count": len(job.events)})
 
 
-@router.get("/{job_id:int}/logs", response_class=PlainTextResponse)
+@router.get("/{job_id:id}/logs", response_class=PlainTextResponse)
 def get_job_logs(job: OwnedJob, settings: SettingsDep,
                  tail: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> StreamingResponse:
     """The log's last `tail` lines, streamed (its database slot is free before it is sent)."""
@@ -173,7 +173,7 @@ def get_job_logs(job: OwnedJob, settings: SettingsDep,
                              media_type="text/plain; charset=utf-8")
 
 
-@router.post("/{job_id:int}:cancel", status_code=status.HTTP_202_ACCEPTED,
+@router.post("/{job_id:id}:cancel", status_code=status.HTTP_202_ACCEPTED,
              response_model=JobPublic, responses={409: {"description": "illegal transition"}})
 def cancel_job(job: OwnedJob, user: CurrentUser, session: SessionDep, settings: SettingsDep,
                scheduler: SchedulerDep) -> JobPublic:
@@ -189,7 +189,7 @@ def cancel_job(job: OwnedJob, user: CurrentUser, session: SessionDep, settings: 
     return to_public(session, job, settings)
 
 
-@router.post("/{job_id:int}:retry", status_code=status.HTTP_202_ACCEPTED,
+@router.post("/{job_id:id}:retry", status_code=status.HTTP_202_ACCEPTED,
              response_model=JobPublic, responses={409: {"description": "illegal transition"}})
 def retry_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
               scheduler: SchedulerDep) -> JobPublic:

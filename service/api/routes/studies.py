@@ -61,19 +61,19 @@ async def create_study(request: Request, session: SessionDep, user: CurrentUser,
     return _public(session, study, settings)
 
 
-@router.get("/{study_id:int}", response_model=StudyPublic)
+@router.get("/{study_id:id}", response_model=StudyPublic)
 def get_study(study: OwnedStudy, session: SessionDep, settings: SettingsDep) -> StudyPublic:
     return _public(session, study, settings)
 
 
-@router.get("/{study_id:int}/report", response_model=StudyReport)
+@router.get("/{study_id:id}/report", response_model=StudyReport)
 def get_study_report(study: OwnedStudy, session: SessionDep) -> StudyReport:
     """Final/best eval perplexity, projected CS-2 speed-up, wall time and status per variant,
     plus perplexity curves as a base64 PNG; logged to the parent run once all jobs end."""
     return _rendered(study, session).report
 
 
-@router.get("/{study_id:int}/report.png", response_class=Response,
+@router.get("/{study_id:id}/report.png", response_class=Response,
             responses={200: {"content": {"image/png": {}}}, 404: {"description": "no curves yet"}})
 def get_study_report_png(study: OwnedStudy, session: SessionDep) -> Response:
     png = _rendered(study, session).figures.get(PERPLEXITY_FIGURE)

@@ -315,10 +315,13 @@ class Scheduler:
             return
         self._retry_outcomes()
         with self.sessions() as session:
-            self._forward_stops(session)
-            self._give_back_lost_systems(session)
+            # One read of the jobs holding systems serves the tick's steps (each step reads
+            # their status again: an earlier one may have moved them).
+            holding = crud.jobs_in(session, statuses=HOLDING)
+            self._forward_stops(session, holding)
+            self._give_back_lost_systems(holding)
             if not self.settings.paused:
-                self._start_queued(session)
+                self._start_queued(session, [job for job in holding if job.status in HOLDING])
             self._report_finished_studies(session)
         self._adopt_orphans("its execution was lost")
         self.last_tick_ok = time.monotonic()
@@ -369,10 +372,11 @@ class Scheduler:
         for execution in pending:
             self._conclude(execution, retry_s=0.0)  # never hold the tick up
 
-    def _forward_stops(self, session: Session) -> None:
+    def _forward_stops(self, session: Session, holding: list[Job]) -> None:
         now = datetime.now(UTC)
-        for job in crud.jobs_in(session, statuses=frozenset({S.CANCELLING, S.RUNNING,
-                                                             S.RECOVERING})):
+        for job in holding:
+            if job.status not in (S.CANCELLING, S.RUNNING, S.RECOVERING):
+                continue
             execution = self._executions.get(job.id)
             if job.status == S.CANCELLING:
                 if execution is not None:
@@ -385,14 +389,14 @@ class Scheduler:
                   and (now - job.started_at).total_seconds() > job.timeout_s):
                 execution.stop("timeout")
 
-    def _give_back_lost_systems(self, session: Session) -> None:
+    def _give_back_lost_systems(self, holding: list[Job]) -> None:
         """A node left the cluster: its jobs hold more systems than there are. Those whose
         workers wait for Ray to place them again (RECOVERING) would wait for a node that may
         never return, up to their timeout, holding systems another job could use: they go back
         to the queue (the newest first, until what is held fits), to resume from their last
         checkpoint once there is room."""
         systems = self.settings.cluster().systems
-        holding = crud.jobs_in(session, statuses=HOLDING)
+        holding = [job for job in holding if job.status in HOLDING]
         excess = sum(len(job.systems) for job in holding) - systems
         waiting = sorted((job for job in holding if job.status == S.RECOVERING),
                          key=lambda job: -job.id)
@@ -406,9 +410,8 @@ class Scheduler:
                 execution.stop(REQUEUE)
             excess -= len(job.systems)
 
-    def _start_queued(self, session: Session) -> None:
+    def _start_queued(self, session: Session, holding: list[Job]) -> None:
         cluster = self.settings.cluster()
-        holding = crud.jobs_in(session, statuses=HOLDING)
         free = sorted(set(range(cluster.systems)) - {s for job in holding for s in job.systems})
         # The CPUs and GPUs the holding jobs' workers take: a job whose systems are free but
         # whose CPUs are not would wait on Ray while it reads RUNNING, and Ray would let a later

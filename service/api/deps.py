@@ -1,15 +1,13 @@
 """Dependencies as named types: a handler's signature says what it needs.
 
-They are `async def` although their database reads are synchronous: each is one indexed query
-(well under a millisecond), and a plain `def` dependency costs a round trip through the thread
-pool, which measured as a large share of a submission's time under load (bench/api_load.py).
-
-That is safe only because a read on the event loop never waits for a pooled connection: a
-request gets its session only after taking one of `db_pool_size` slots (an async wait, bounded
-by `db_wait_s`, then 503), and the API's pool holds as many connections, so an admitted request
-always finds one free. Without the slots, requests in the thread pool held every connection,
-the loop blocked waiting for one, and those connections could only come back through the
-blocked loop: 20 concurrent requests deadlocked the server.
+Those that ask the database are plain functions, which FastAPI runs in the thread pool: on
+PostgreSQL each query is a network round trip (two with the pool's pre-ping), and an `async`
+dependency waiting on it on the event loop held up every other request meanwhile (50 clients
+over every route: p99 seconds). A request gets its session only after taking one of
+`db_pool_size` slots (an async wait, bounded by `db_wait_s`, then 503), and the API's pool
+holds as many connections, so a thread that has a session always finds a free connection:
+without the slots, requests in the thread pool held every connection and the event loop,
+waiting for one, deadlocked the server at 20 concurrent requests.
 """
 
 from __future__ import annotations
@@ -80,7 +78,7 @@ SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-async def get_current_user(
+def get_current_user(
     request: Request,
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
@@ -111,7 +109,7 @@ def _visible(user: Caller, owner_id: int) -> bool:
     return user.is_admin or owner_id == user.id
 
 
-async def get_owned_job(job_id: ResourceId, session: SessionDep, user: CurrentUser) -> Job:
+def get_owned_job(job_id: ResourceId, session: SessionDep, user: CurrentUser) -> Job:
     """Load the job; 404 if it is missing or not the caller's (admins see every job): the same
     answer in both cases, so ids of other users' jobs are not revealed."""
     job = session.get(Job, job_id)
@@ -120,7 +118,7 @@ async def get_owned_job(job_id: ResourceId, session: SessionDep, user: CurrentUs
     return job
 
 
-async def get_owned_study(study_id: ResourceId, session: SessionDep, user: CurrentUser) -> Study:
+def get_owned_study(study_id: ResourceId, session: SessionDep, user: CurrentUser) -> Study:
     study = session.get(Study, study_id)
     if study is None or not _visible(user, study.owner_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"Study {study_id} not found")

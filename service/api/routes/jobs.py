@@ -6,9 +6,11 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from service import crud, joblogs
@@ -20,6 +22,7 @@ from service.api.body import (
     validate,
 )
 from service.api.deps import CurrentUser, OwnedJob, SchedulerDep, SessionDep, SettingsDep
+from service.crud import Caller
 from service.jobs import (
     ResolvedFiles,
     SubmissionError,
@@ -32,6 +35,7 @@ from service.jobs import (
     to_public,
 )
 from service.models import IdempotencyKey
+from service.settings import Settings
 from service.schemas import (
     MAX_ID,
     NO_NUL,
@@ -55,9 +59,9 @@ IdempotencyKeyHeader = Annotated[
 Parsed = tuple[dict[str, Any], JobCreate, ResolvedFiles]  # body, schema, files it reads
 
 
-async def _parse_job(request: Request, settings: SettingsDep, session: SessionDep,
-                     user: CurrentUser) -> Parsed:
-    data = nest_params(await read_mapping(request), JobCreate)
+def _checked(data: dict[str, Any], settings: Settings, session: Session,
+             user: Caller) -> Parsed:
+    """Validate a submission and resolve the files it reads (database queries: in a thread)."""
     job_in = validate(JobCreate, data)
     try:
         files = check_submission(job_in, job_in.params, settings, session=session,
@@ -65,6 +69,12 @@ async def _parse_job(request: Request, settings: SettingsDep, session: SessionDe
     except SubmissionError as err:
         raise unprocessable(err.problems) from None
     return data, job_in, files
+
+
+async def _parse_job(request: Request, settings: SettingsDep, session: SessionDep,
+                     user: CurrentUser) -> Parsed:
+    data = nest_params(await read_mapping(request), JobCreate)
+    return await run_in_threadpool(_checked, data, settings, session, user)
 
 
 # Validation builds a model with torch (up to seconds): its handler is a plain function so that
@@ -75,12 +85,19 @@ ParsedJob = Annotated[Parsed, Depends(_parse_job)]
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic,
              openapi_extra=request_body_openapi("JobCreate"),
              responses={409: {"description": "Idempotency-Key reused with another body"}})
-async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
+async def submit_job(parsed: ParsedJob, session: SessionDep, user: CurrentUser,
                      settings: SettingsDep, scheduler: SchedulerDep,
                      idempotency_key: IdempotencyKeyHeader = None) -> Response:
-    # Async on purpose: its few SQLite writes then run one at a time on the event loop, which
-    # measured faster than thread-pool handlers contending for SQLite's write lock.
-    data, job_in, files = await _parse_job(request, settings, session, user)
+    # The body is read on the event loop; validating and storing it (database round trips on
+    # PostgreSQL) happen in the thread pool, where waiting holds up no other request.
+    answer = await run_in_threadpool(_store, parsed, session, user, settings, idempotency_key)
+    scheduler.wake()
+    return answer
+
+
+def _store(parsed: Parsed, session: Session, user: Caller, settings: Settings,
+           idempotency_key: str | None) -> Response:
+    data, job_in, files = parsed
     body_hash = crud.request_hash(data)
     if idempotency_key is not None:
         replay = _replay(session, user, idempotency_key, body_hash)
@@ -101,7 +118,6 @@ async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
         if replay is None:
             raise
         return replay
-    scheduler.wake()
     return Response(public.model_dump_json(), status.HTTP_201_CREATED,
                     headers={"Location": f"/v1/jobs/{job['id']}"}, media_type="application/json")
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
 from service import crud
 from service.api.body import (
@@ -13,9 +15,11 @@ from service.api.body import (
     validate,
 )
 from service.api.deps import CurrentUser, OwnedStudy, SchedulerDep, SessionDep, SettingsDep
+from service.crud import Caller
 from service.full_size import full_size_request
 from service.jobs import SubmissionError, check_submission, job_fields, mlflow_url, to_public
 from service.schemas import StudyCreate, StudyPublic, StudyReport
+from service.settings import Settings
 from service.studies import study_jobs, study_status, variant_spec
 from service.study_reports import PERPLEXITY_FIGURE, RenderedReport, rendered_report
 
@@ -27,6 +31,14 @@ router = APIRouter(prefix="/studies", tags=["studies"])
 async def create_study(request: Request, session: SessionDep, user: CurrentUser,
                        settings: SettingsDep, scheduler: SchedulerDep) -> StudyPublic:
     body = nest_params(await read_mapping(request), StudyCreate)
+    # Validating every variant and storing the study (database round trips) in the thread
+    # pool: on the event loop they held up every other request meanwhile.
+    study = await run_in_threadpool(_store, body, session, user, settings)
+    scheduler.wake()
+    return study
+
+
+def _store(body: dict, session: Session, user: Caller, settings: Settings) -> StudyPublic:
     study_in = validate(StudyCreate, body)
     specs = []
     jobs = study_jobs(study_in)
@@ -57,7 +69,6 @@ async def create_study(request: Request, session: SessionDep, user: CurrentUser,
         crud.add_job(session, owner=user, study_id=study.id, **fields)
     session.commit()
     session.refresh(study)
-    scheduler.wake()
     return _public(session, study, settings)
 
 

@@ -43,6 +43,7 @@ from service_helpers import (  # noqa: E402
     ScriptedLauncher,
     job_body,
     make_token,
+    start_auth_mlflow,
     wait_for,
     wait_status,
 )
@@ -78,25 +79,12 @@ def _app(folder: Path, launcher: Any = None, **settings: Any) -> Any:
 
 
 def mlflow_squat(folder: Path) -> dict[str, Any]:
-    from service.local_stack import HOST, StackProcess, free_port, wait_until_up
-    from service.mlflow_auth import CREDENTIALS_ENV, MlflowAccess, server_env
+    from service.mlflow_auth import CREDENTIALS_ENV
 
     admin = ("csx-service", "admin-password-for-the-bench")
-    port = free_port()
-    url = f"http://{HOST}:{port}"
-    env = {**os.environ, **server_env(MlflowAccess(url, *admin), folder),
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    for name in CREDENTIALS_ENV:
-        env.pop(name, None)
-    server = StackProcess.start("mlflow server", [
-        sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host", HOST,
-        "--port", str(port), "--workers", "1", "--backend-store-uri",
-        f"sqlite:///{folder / 'auth-mlflow.db'}", "--serve-artifacts",
-        "--artifacts-destination", str(folder / "mlartifacts")],
-        log_path=folder / "mlflow.log", env=env, cwd=folder)
+    server, url = start_auth_mlflow(folder, admin)
     saved = {name: os.environ.get(name) for name in CREDENTIALS_ENV}
     try:
-        wait_until_up(f"{url}/health", server, 180)
         launcher = ScriptedLauncher()
         launcher.create_runs = True
         with _app(folder, launcher, mlflow_tracking_uri=url, mlflow_ui_url=url,

@@ -96,6 +96,30 @@ class ScriptedLauncher:
         raise AssertionError(f"job {job_id} was not launched {launch} time(s)")
 
 
+def start_auth_mlflow(state: Path, admin: tuple[str, str]) -> tuple[StackProcess, str]:
+    """`mlflow server --app-name basic-auth` keeping its stores in `state`, with `admin` as its
+    admin account and nothing allowed by default (service/mlflow_auth.py): (process, url)."""
+    from service.mlflow_auth import CREDENTIALS_ENV, MlflowAccess, server_env
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, **server_env(MlflowAccess(url, *admin), state),
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    for name in CREDENTIALS_ENV:
+        env.pop(name, None)
+    server = StackProcess.start("mlflow server", [
+        sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host",
+        "127.0.0.1", "--port", str(port), "--workers", "1", "--backend-store-uri",
+        f"sqlite:///{state / 'mlflow.db'}", "--serve-artifacts", "--artifacts-destination",
+        str(state / "mlartifacts")], log_path=state / "mlflow.log", env=env, cwd=state)
+    try:
+        wait_until_up(f"{url}/health", server, 180)
+    except BaseException:
+        server.stop()
+        raise
+    return server, url
+
+
 def make_token(client: TestClient, name: str, *, admin: bool = False) -> dict[str, str]:
     with client.app.state.sessionmaker() as session:
         _, secret = crud.create_token(session, name=name, is_admin=admin)

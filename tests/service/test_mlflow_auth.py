@@ -4,8 +4,6 @@ user, each reading only its own jobs' experiments."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,11 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service import run_tags
-from service.local_stack import HOST, StackProcess, free_port, wait_until_up
 from service.main import create_app
-from service.mlflow_auth import CREDENTIALS_ENV, MlflowAccess, server_env
+from service.mlflow_auth import CREDENTIALS_ENV, MlflowAccess
 from service.settings import Settings
-from service_helpers import ScriptedLauncher, job_body, make_token, wait_status
+from service_helpers import ScriptedLauncher, job_body, make_token, start_auth_mlflow, wait_status
 
 ADMIN = ("csx-service", "admin-password-for-tests")
 
@@ -26,20 +23,8 @@ ADMIN = ("csx-service", "admin-password-for-tests")
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One authenticating MLflow server for the module (it takes ~10-25 s to start)."""
-    state = tmp_path_factory.mktemp("mlflow-auth")
-    port = free_port()
-    url = f"http://{HOST}:{port}"
-    env = {**os.environ, **server_env(MlflowAccess(url, *ADMIN), state),
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    for name in CREDENTIALS_ENV:
-        env.pop(name, None)
-    server = StackProcess.start("mlflow server", [
-        sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host", HOST,
-        "--port", str(port), "--workers", "1", "--backend-store-uri",
-        f"sqlite:///{state / 'mlflow.db'}", "--serve-artifacts", "--artifacts-destination",
-        str(state / "mlartifacts")], log_path=state / "mlflow.log", env=env, cwd=state)
+    server, url = start_auth_mlflow(tmp_path_factory.mktemp("mlflow-auth"), ADMIN)
     try:
-        wait_until_up(f"{url}/health", server, 180)
         yield url
     finally:
         server.stop()

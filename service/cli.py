@@ -166,7 +166,7 @@ def _serve_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.local_stack import MLFLOW_ARTIFACTS, StackError
-    from service.main import create_app
+    from service.main import KEEP_ALIVE_S, create_app
     from service.settings import Settings
 
     overrides: dict[str, Any] = {}
@@ -201,7 +201,8 @@ def _serve_api(args: argparse.Namespace) -> int:
     # the default one would end the process by the signal: a stop that went well exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port)
+        uvicorn.run(create_app(settings), host=args.host, port=args.port,
+                    timeout_keep_alive=KEEP_ALIVE_S)
     finally:
         if ui is not None:
             ui.close()

@@ -27,6 +27,11 @@ from service.settings import Settings
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 API_PREFIX = "/v1"
+# How long the server keeps an idle keep-alive connection (uvicorn's default: 5 s). Clients
+# keep idle connections for 5 s too (httpx's keepalive_expiry), so a request sent on one as the
+# server closed it met a reset (50 clients: dozens). Longer than any client keeps them, the
+# client closes first. `csx serve`, the Dockerfile and docker-compose.yml pass it.
+KEEP_ALIVE_S = 75
 DEV_TOKEN_NAME = "dev"
 # The scheduler thread and the job threads' short writes (queued, not failed, past this many).
 SCHEDULER_CONNECTIONS = 16

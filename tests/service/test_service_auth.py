@@ -9,7 +9,6 @@ from fastapi.testclient import TestClient
 from service import crud
 from service.limits import FailedAuthLimiter
 from service_helpers import job_body, make_token
-from test_service_cli import _csx
 
 
 class Clock:
@@ -54,14 +53,17 @@ def test_a_revoked_token_stops_at_once_and_its_name_can_get_a_new_one(
     assert client.get("/v1/jobs", headers=alice).status_code == 401
 
 
-def test_token_list_and_revoke_on_the_command_line(tmp_path) -> None:
-    env = {"PATH": "/usr/bin:/bin", "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}"}
+def test_token_list_and_revoke_on_the_command_line(tmp_path, monkeypatch, capsys) -> None:
+    from service.cli import main
+
+    monkeypatch.setenv("CSX_DATABASE_URL", f"sqlite:///{tmp_path / 'csx.db'}")
     for name in ("carol", "dave"):
-        assert _csx("token", "create", "--name", name, env=env).returncode == 0
-    revoked = _csx("token", "revoke", "--name", "carol", env=env)
-    assert revoked.returncode == 0, revoked.stderr
-    rows = [line.split("\t") for line in _csx("token", "list", env=env).stdout.splitlines()]
+        assert main(["token", "create", "--name", name]) == 0
+    assert main(["token", "revoke", "--name", "carol"]) == 0
+    capsys.readouterr()
+    assert main(["token", "list"]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
     assert [(r[0], r[1], r[3].split()[0]) for r in rows] == [("carol", "user", "revoked"),
                                                              ("dave", "user", "active")]
-    unknown = _csx("token", "revoke", "--name", "erin", env=env)
-    assert unknown.returncode == 2 and "no token named 'erin'" in unknown.stderr
+    assert main(["token", "revoke", "--name", "erin"]) == 2
+    assert "no token named 'erin'" in capsys.readouterr().err

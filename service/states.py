@@ -3,8 +3,9 @@
 QUEUED → VALIDATING → PROVISIONING → RUNNING ⇄ RECOVERING → SUCCEEDED | FAILED | CANCELLING →
 CANCELLED. SUCCEEDED and CANCELLED accept nothing; FAILED accepts only the explicit retry back to
 QUEUED (same job, same MLflow run, attempt + 1). RECOVERING goes back to QUEUED when the node
-its workers waited for left the cluster (service/scheduler.py): same attempt, systems freed. Every move writes a JobEvent row and, when the
-job has an MLflow run, queues its `csx.status` tag (service/run_tags.py: never waits on MLflow).
+its workers waited for left the cluster (service/scheduler.py): same attempt, systems freed.
+Every move writes a JobEvent row and, when the job has an MLflow run, queues its `csx.status`
+tag (service/run_tags.py: never waits on MLflow).
 """
 
 from __future__ import annotations

@@ -20,4 +20,4 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
 RUN useradd --create-home csx && mkdir -p /runs && chown csx /runs
 USER csx
 EXPOSE 8000
-CMD ["uvicorn", "service.main:app", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["uvicorn", "service.main:app", "--host", "0.0.0.0", "--port", "8000", "--timeout-keep-alive", "75"]

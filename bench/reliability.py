@@ -26,11 +26,16 @@ CsxWorker process SIGKILLed mid-run and later its API process (and Ray) SIGKILLe
 the resumed job's final checkpoint must be bit-identical to an uninterrupted run's
 (`--no-recovery` skips it).
 
-Then the fault table (issue 32; `--no-faults` skips it): bench/service_faults.py's scenarios
-(load on every route, a database outage, a lost execution, a second server, SIGTERM, the MLflow
-UI killed) and bench/file_faults.py's (a full disk, damaged checkpoints, planted links, special
-files), one row each: fault -> state reached, time to recover, lost, stuck, double-run, 5xx
-other than 503.
+Then, per backend, bench/route_load.py: 50 clients over every route for 60 s with the
+scheduler running (scripted training), then every job cancelled (`--no-routes` skips it).
+
+Then the fault table (issues 32 and 47; `--no-faults` skips it): bench/service_faults.py's
+scenarios (load on every route, a database outage, a lost execution, a second server, SIGTERM,
+the MLflow UI killed), bench/file_faults.py's (a full disk, damaged checkpoints, planted
+links, special files) and bench/abuse_faults.py's (MLflow experiment squatting, concurrent
+study reports, an upgrade from the first release, a lost node, cancel-all, token guessing,
+odd input, 45 log readers, a kill while runs and checkpoints are written), one row each:
+fault -> state reached, time to recover, lost, stuck, double-run, 5xx other than 503.
 
 Bounded: after --budget-s (default an hour) the run stops where it is; each part stops what it
 started on the way out (its servers and their process groups), so nothing is left running.
@@ -55,6 +60,7 @@ import httpx
 from sqlalchemy import create_engine, func, select
 
 from record import write_json  # bench/, this script's folder
+import route_load  # bench/, this script's folder
 from recovery import run_recovery
 from service.db import upgrade_database
 from service.processes import HOST, StackProcess, free_port, wait_until_up
@@ -261,10 +267,11 @@ def recover(backend: str) -> dict:
 def fault_table() -> tuple[list[dict], bool]:
     """bench/service_faults.py's and bench/file_faults.py's faults as one table, printed; and
     whether every fault was handled."""
-    import file_faults  # bench/, this script's folder
+    import abuse_faults  # bench/, this script's folder
+    import file_faults
     import service_faults
 
-    service_rows = service_faults.run_faults()
+    service_rows = service_faults.run_faults() + abuse_faults.run_faults()
     file_rows, files_sound = file_faults.run_faults()
     rows = service_rows + [file_faults.table_row(row) for row in file_rows]
     service_faults.print_table(rows)
@@ -282,6 +289,8 @@ def main() -> int:
                         choices=["sqlite", "postgres"])
     parser.add_argument("--no-recovery", action="store_true",
                         help="skip the worker/API kill of a real training job")
+    parser.add_argument("--no-routes", action="store_true",
+                        help="skip the 50 clients over every route (bench/route_load.py)")
     parser.add_argument("--no-faults", action="store_true",
                         help="skip the fault table (bench/service_faults.py, bench/file_faults.py)")
     parser.add_argument("--budget-s", type=int, default=3600,
@@ -293,6 +302,9 @@ def main() -> int:
     total, clients = (200, 20) if args.quick else (1000, 50)
     runs = [run_backend(backend, total, clients) for backend in args.backends]
     recoveries = [] if args.no_recovery else [recover(backend) for backend in args.backends]
+    routes = [] if args.no_routes else [
+        route_load.run_backend(backend, clients=50, seconds=60.0, job_s=10.0)
+        for backend in args.backends]
     faults, faults_sound = ([], True) if args.no_faults else fault_table()
     signal.alarm(0)
     sound = all(r["lost"] == 0 and r["duplicated"] == 0 and r["answers_5xx"] == 0
@@ -301,12 +313,16 @@ def main() -> int:
     write_json(RESULTS, {
         "sound": sound, "recovered_bit_identical": recovered if recoveries else None,
         "client": "httpx.AsyncClient in the same machine's cores", "runs": runs,
-        "recovery": recoveries, "faults_handled": faults_sound if faults else None,
+        "recovery": recoveries, "routes": routes,
+        "faults_handled": faults_sound if faults else None,
         "faults": faults}, load_at_start=load_at_start)
     print(f"0 lost, 0 duplicated, 0 x 5xx, all accepted: {'yes' if sound else 'NO'}")
     if recoveries:
         print(f"worker and API kills resumed, final checkpoints bit-identical: "
               f"{'yes' if recovered else 'NO'}")
+    if routes:
+        print("50 clients over every route, p99 <= 200 ms, 0 timeouts, 0 x 5xx but 503, "
+              f"nothing left: {'yes' if all(r['meets_target'] for r in routes) else 'NO'}")
     if faults:
         print(f"every fault handled (0 lost, 0 stuck, 0 double-run, 0 x 5xx other than 503): "
               f"{'yes' if faults_sound else 'NO'}")

@@ -47,9 +47,22 @@ def run_migrations_online() -> None:
     engine = make_engine(database_url())
     try:
         with engine.connect() as connection:
+            sqlite = connection.dialect.name == "sqlite"
+            if sqlite:
+                # Batch mode alters a table by copying it and dropping the old one, which the
+                # rows pointing at it (job_events -> jobs) forbid while foreign keys are on;
+                # the pragma only takes effect outside a transaction. Checked afterwards.
+                connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+                connection.commit()  # end the transaction SQLAlchemy began for the pragma
             configure(connection=connection)
             with context.begin_transaction():
                 context.run_migrations()
+            if sqlite:
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+                connection.commit()
+                if broken:
+                    raise RuntimeError(f"the migration left rows pointing at nothing: {broken[:5]}")
     finally:
         engine.dispose()
 

@@ -27,6 +27,8 @@ from service.schemas import MAX_ID
 from training.safe_files import RefusedFile, regular_file
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)\.mdl$")  # training/checkpoint.py's names
+# The temporary files training/checkpoint.py writes a checkpoint (and its digest) through.
+UNFINISHED_WRITE = re.compile(r"^\.checkpoint_\d+\.mdl\.(?:sha256\.)?[^/]+\.tmp$")
 JOB_FOLDER = re.compile(r"^job-(\d+)(?:-([0-9a-f]+))?$")  # joblogs.job_dir's names
 
 
@@ -48,6 +50,18 @@ def checkpoint_file(folder: Path, step: int | None) -> Path | None:
         return regular_file(steps[step], inside=folder)
     except FileNotFoundError:  # a dangling link, or removed since listed
         return None
+
+
+def remove_unfinished_writes(runs_dir: Path) -> list[Path]:
+    """Delete the temporary files of checkpoint writes a kill interrupted, in every job's model
+    folder; call it only while no job of this runs folder runs (the scheduler's start). Returns
+    what it deleted."""
+    removed = []
+    for path in runs_dir.glob("job-*/model/.*.tmp"):
+        if UNFINISHED_WRITE.match(path.name) and JOB_FOLDER.match(path.parent.parent.name):
+            path.unlink(missing_ok=True)  # a link is removed, never followed
+            removed.append(path)
+    return removed
 
 
 def visible_folder(session: Session, caller: Caller, runs_dir: Path, job_id: int) -> Path | None:

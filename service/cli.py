@@ -2,6 +2,7 @@
 
     csx serve [--host 127.0.0.1] [--port 8000] [--dev-token] [--paused] [--no-mlflow-ui]
     csx token create --name N [--admin]              # prints the secret once
+    csx token list | csx token revoke --name N
     csx submit --params P.yaml [--num_csx N] [--mode M] [--name N] [--priority P]
     csx study --params P.yaml --name N --algorithms dense,static,set,rigl,granet --sparsity 0.9
     csx local-study [--study examples/study_baby_gpt.yaml] [--state-dir .csx] [--no-wait]  # `make run`
@@ -40,6 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create.add_argument("--name", required=True)
     create.add_argument("--admin", action="store_true", help="may see every user's jobs")
     create.set_defaults(handler=token_create_command)
+    listing = actions.add_parser("list", help="the tokens: name, admin, created, revoked")
+    listing.set_defaults(handler=token_list_command)
+    revoke = actions.add_parser("revoke", help="end a token: its secret stops working at once "
+                                               "(its jobs stay; `create` gives the name a new one)")
+    revoke.add_argument("--name", required=True)
+    revoke.set_defaults(handler=token_revoke_command)
 
     submit = subparsers.add_parser("submit", help="submit a params YAML as a job")
     _client_options(submit)
@@ -158,8 +165,8 @@ def _supervise_api(args: argparse.Namespace) -> int:
 def _serve_api(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from service.main import KEEP_ALIVE_S, create_app
     from service.processes import MLFLOW_ARTIFACTS, StackError
-    from service.main import create_app
     from service.settings import Settings
 
     overrides: dict[str, Any] = {}
@@ -194,7 +201,8 @@ def _serve_api(args: argparse.Namespace) -> int:
     # the default one would end the process by the signal: a stop that went well exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port)
+        uvicorn.run(create_app(settings), host=args.host, port=args.port,
+                    timeout_keep_alive=KEEP_ALIVE_S)
     finally:
         if ui is not None:
             ui.close()
@@ -248,8 +256,8 @@ def found_cluster(settings: Any) -> str:
     return describe(live_summary(), f"Ray cluster at {address}")
 
 
-def token_create_command(args: argparse.Namespace) -> int:
-    from service import crud
+def _token_session(change: Any) -> Any:
+    """`change(session)` on the database of CSX_DATABASE_URL (migrated first), committed."""
     from service.db import make_engine, make_sessionmaker, upgrade_database
     from service.settings import Settings
 
@@ -258,11 +266,45 @@ def token_create_command(args: argparse.Namespace) -> int:
     engine = make_engine(settings.database_url)
     try:
         with make_sessionmaker(engine)() as session:
-            _, secret = crud.create_token(session, name=args.name, is_admin=args.admin)
+            result = change(session)
             session.commit()
-            users = crud.user_count(session)
+            return result
     finally:
         engine.dispose()
+
+
+def token_list_command(args: argparse.Namespace) -> int:
+    from service import crud
+
+    rows = _token_session(lambda session: [
+        (t.name, "admin" if t.is_admin else "user", t.created_at.isoformat(timespec="seconds"),
+         f"revoked {t.revoked_at.isoformat(timespec='seconds')}" if t.revoked_at else "active")
+        for t in crud.list_tokens(session)])
+    for row in rows:
+        print("\t".join(row))
+    return 0
+
+
+def token_revoke_command(args: argparse.Namespace) -> int:
+    from service import crud
+
+    _token_session(lambda session: crud.revoke_token(session, name=args.name))
+    print(f"token {args.name!r} revoked", file=sys.stderr)
+    return 0
+
+
+def token_create_command(args: argparse.Namespace) -> int:
+    from service import crud
+    from service.settings import Settings
+
+    settings = Settings()
+
+    def create(session: Any) -> tuple[str, int]:
+        _, secret = crud.create_token(session, name=args.name, is_admin=args.admin)
+        session.flush()
+        return secret, crud.user_count(session)
+
+    secret, users = _token_session(create)
     print(secret)
     if users == 2 and settings.mlflow_admin_password is None:
         print("csx token: this is the second user: restart csx serve so that the MLflow UI it "

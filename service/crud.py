@@ -13,8 +13,8 @@ from sqlalchemy import bindparam, func, insert, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.orm import Session
 
-from service.models import IdempotencyKey, Job, JobEvent, Study, Token, utcnow
-from service.states import HOLDING, JobStatus
+from service.models import IdempotencyKey, Job, JobEvent, MlflowExperiment, Study, Token, utcnow
+from service.states import HOLDING, TERMINAL, JobStatus
 
 TOKEN_PREFIX = "csx_"
 
@@ -24,20 +24,39 @@ def hash_secret(secret: str) -> str:
 
 
 def create_token(session: Session, *, name: str, is_admin: bool = False) -> tuple[Token, str]:
-    """Store a new token; the secret is returned once and only its sha256 is kept."""
-    if session.scalar(select(Token).where(Token.name == name)) is not None:
+    """Store a new token (or give a revoked one a new secret: its jobs stay its own); the
+    secret is returned once and only its sha256 is kept."""
+    token = session.scalar(select(Token).where(Token.name == name))
+    if token is not None and token.revoked_at is None:
         raise ValueError(f"a token named {name!r} already exists")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = Token(name=name, token_hash=hash_secret(secret), is_admin=is_admin)
-    session.add(token)
+    if token is None:
+        token = Token(name=name, token_hash=hash_secret(secret), is_admin=is_admin)
+        session.add(token)
+    else:
+        token.token_hash, token.is_admin, token.revoked_at = hash_secret(secret), is_admin, None
     session.flush()
     return token, secret
+
+
+def list_tokens(session: Session) -> list[Token]:
+    return list(session.scalars(select(Token).order_by(Token.id)))
+
+
+def revoke_token(session: Session, *, name: str) -> Token:
+    """The token's secret stops authenticating (at once: requests look it up each time)."""
+    token = session.scalar(select(Token).where(Token.name == name))
+    if token is None:
+        raise ValueError(f"no token named {name!r}")
+    if token.revoked_at is None:
+        token.revoked_at = utcnow()
+    return token
 
 
 def rotate_token(session: Session, *, name: str, is_admin: bool) -> str:
     """A new secret for token `name` (created if missing); the old secret stops working."""
     token = session.scalar(select(Token).where(Token.name == name))
-    if token is None:
+    if token is None or token.revoked_at is not None:
         return create_token(session, name=name, is_admin=is_admin)[1]
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token.token_hash, token.is_admin = hash_secret(secret), is_admin
@@ -59,7 +78,7 @@ class Caller:
 # cost more than SQLite running them.
 _JOBS, _EVENTS = Job.__table__, JobEvent.__table__
 _CALLER_BY_HASH = select(Token.id, Token.name, Token.is_admin).where(
-    Token.token_hash == bindparam("token_hash"))
+    Token.token_hash == bindparam("token_hash"), Token.revoked_at.is_(None))
 _INSERT_JOB = insert(_JOBS).returning(*_JOBS.c)
 _INSERT_EVENT = insert(_EVENTS)
 # Two range counts on the (status, priority, id) index: one OR-ed condition scans every queued
@@ -109,10 +128,11 @@ def queue_position(session: Session, *, job: Mapping[str, Any]) -> int | None:
     return int(ahead or 0) + 1
 
 
-def queue_head(session: Session) -> Job | None:
-    """The QUEUED job that starts next (one indexed row, however long the queue)."""
+def queue_head(session: Session, *, max_systems: int) -> Job | None:
+    """The QUEUED job that starts next among those needing at most `max_systems` (one indexed
+    row, however long the queue)."""
     return session.scalars(
-        select(Job).where(Job.status == JobStatus.QUEUED.value)
+        select(Job).where(Job.status == JobStatus.QUEUED.value, Job.num_csx <= max_systems)
         .order_by(Job.priority.desc(), Job.id).limit(1)
     ).first()
 
@@ -180,13 +200,18 @@ def add_study(session: Session, *, owner: Caller, name: str, experiment: str,
     return study
 
 
+def studies_to_report(session: Session) -> list[Study]:
+    """Studies with a parent run whose report is not logged yet and whose jobs all ended."""
+    unfinished = select(Job.id).where(Job.study_id == Study.id,
+                                      Job.status.not_in([s.value for s in TERMINAL]))
+    return list(session.scalars(select(Study).where(
+        Study.report_logged.is_(False), Study.mlflow_run_id.is_not(None), ~unfinished.exists())))
+
+
 def mlflow_experiment_ids(session: Session, *, owner: Caller) -> list[str]:
-    """The MLflow experiments holding the caller's jobs' and studies' runs."""
-    ids = session.scalars(select(Job.mlflow_experiment_id).where(
-        Job.owner_id == owner.id, Job.mlflow_experiment_id.is_not(None)).union(
-        select(Study.mlflow_experiment_id).where(
-            Study.owner_id == owner.id, Study.mlflow_experiment_id.is_not(None)))).all()
-    return sorted(ids)
+    """The MLflow experiments the service made for the caller's jobs and studies."""
+    return sorted(session.scalars(select(MlflowExperiment.mlflow_experiment_id).where(
+        MlflowExperiment.owner_id == owner.id)))
 
 
 def user_count(session: Session) -> int:

@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session
 from service import crud
 from service.checkpoints import resolve_checkpoint, resolve_tokenizer_files
 from service.crud import Caller
-from service.models import Job
+from service.models import Job, owner_name
 from service.preflight import Problem, check_params
-from service.schemas import JobDetail, JobPublic, RunOptions
+from service.schemas import MAX_NAME_CHARS, JobDetail, JobPublic, RunOptions
 from service.settings import Settings
 from csx_config import JobSpec, batch_split_problem
 from training import memory
@@ -53,6 +53,10 @@ def check_submission(options: RunOptions, spec: JobSpec, settings: Settings, *,
     tokenizer, refused = resolve_tokenizer_files(session, caller, settings.runs_dir,
                                                  settings.allowed_data_roots, params)
     problems += refused
+    if options.experiment is None and len(spec.runconfig.mlflow_experiment) > MAX_NAME_CHARS:
+        problems.append((("params", "runconfig", "mlflow_experiment"),
+                         f"an experiment name has at most {MAX_NAME_CHARS} characters (the "
+                         f"jobs' experiment column), got {len(spec.runconfig.mlflow_experiment)}"))
     num_csx = resolve_num_csx(options, spec)
     systems = settings.systems
     if num_csx > systems:
@@ -142,7 +146,7 @@ def job_public(session: Session, job: Mapping[str, Any], owner: str,
 
 def to_public(session: Session, job: Job, settings: Settings) -> JobPublic:
     columns = {name: getattr(job, name) for name in _PUBLIC_COLUMNS}
-    return job_public(session, columns, job.owner.name, settings)
+    return job_public(session, columns, owner_name(job), settings)
 
 
 def to_detail(session: Session, job: Job, settings: Settings) -> JobDetail:

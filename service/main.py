@@ -17,8 +17,8 @@ from service.api.body import PARSE_THREADS
 from service.api.main import api_router
 from service.api.openapi import build_openapi
 from service.db import make_engine, make_sessionmaker, upgrade_database
-from service.limits import BodySizeLimit
 from service.launcher import Launcher
+from service.limits import BodySizeLimit, FailedAuthLimiter
 from service.scheduler import DATABASE_UNAVAILABLE, Scheduler
 from service.settings import Settings
 
@@ -28,6 +28,11 @@ from service.settings import Settings
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 API_PREFIX = "/v1"
+# How long the server keeps an idle keep-alive connection (uvicorn's default: 5 s). Clients
+# keep idle connections for 5 s too (httpx's keepalive_expiry), so a request sent on one as the
+# server closed it met a reset (50 clients: dozens). Longer than any client keeps them, the
+# client closes first. `csx serve`, the Dockerfile and docker-compose.yml pass it.
+KEEP_ALIVE_S = 75
 DEV_TOKEN_NAME = "dev"
 # The scheduler thread and the job threads' short writes (queued, not failed, past this many).
 SCHEDULER_CONNECTIONS = 16
@@ -69,6 +74,8 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     app.state.settings = settings
     app.state.body_parsers = {size: anyio.CapacityLimiter(threads)
                               for size, threads in PARSE_THREADS.items()}
+    app.state.auth_limiter = FailedAuthLimiter(settings.auth_failures_max,
+                                               settings.auth_failures_window_s)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(api_router, prefix=API_PREFIX)
     app.openapi = lambda: app.openapi_schema or _cache_openapi(app)  # type: ignore[method-assign]

@@ -10,7 +10,8 @@ basic-auth app (`mlflow server --app-name basic-auth`) with nothing allowed by d
 - each service user (a token's name) gets an MLflow user of the same name, whose password is
   derived from the admin password (an HMAC: nothing more to store, and it changes with it);
 - a user's experiments are named `<user>/<experiment>`, so two users' same-named experiments
-  are two experiments, and the user is granted READ on each once a run in it exists;
+  are two experiments; the service creates each one itself and logs only into those
+  (service/experiments.py), and the user is granted READ on each as it is created;
 - a user learns their MLflow credentials from `GET /v1/mlflow/credentials`.
 
 `make run`'s single-user stack on 127.0.0.1 stays open (no admin password: no authentication).

@@ -53,6 +53,8 @@ class Token(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the secret
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # `csx token revoke`: the secret stops working; the row stays, its jobs keep their owner.
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class Study(Base):
@@ -65,6 +67,8 @@ class Study(Base):
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     mlflow_experiment_id: Mapped[str | None] = mapped_column(String(64))
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
+    # Its report went to its parent run (the scheduler logs it once every job ended).
+    report_logged: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     owner: Mapped[Token] = relationship(lazy="joined")
@@ -82,7 +86,7 @@ class Job(Base):
     __mapper_args__ = {"version_id_col": version}  # noqa: RUF012
     owner_id: Mapped[int] = mapped_column(ForeignKey("tokens.id"), index=True)
     study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id"), index=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(Text)  # a study's: "<study>/<variant>[/seed<N>]"
     experiment: Mapped[str] = mapped_column(String(200), index=True)
     status: Mapped[str] = mapped_column(String(20), index=True)
     # In the job's folder name (joblogs.job_dir): random, so a folder left by another database
@@ -129,6 +133,12 @@ class JobEvent(Base):
     job: Mapped[Job] = relationship(back_populates="events")
 
 
+def owner_name(row: Job | Study) -> str:
+    """The name of the token that owns a job or study; a token row deleted by hand (before
+    `csx token revoke` existed) leaves only its id, and an admin's listing must still answer."""
+    return row.owner.name if row.owner is not None else f"(removed user {row.owner_id})"
+
+
 class IdempotencyKey(Base):
     __tablename__ = "idempotency_keys"
     __table_args__ = (UniqueConstraint("owner_id", "key", name="uq_idempotency_owner_key"),)
@@ -139,6 +149,21 @@ class IdempotencyKey(Base):
     request_hash: Mapped[str] = mapped_column(String(64))
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
     response: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class MlflowExperiment(Base):
+    """An MLflow experiment the service created for one user's experiment name
+    (service/experiments.py): the only experiments its jobs and studies log to."""
+
+    __tablename__ = "mlflow_experiments"
+    __table_args__ = (UniqueConstraint("owner_id", "name", name="uq_mlflow_experiment_owner_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("tokens.id"))
+    name: Mapped[str] = mapped_column(String(200))  # the user's name, as jobs and studies give it
+    mlflow_name: Mapped[str] = mapped_column(String(256))  # what MLflow calls it
+    mlflow_experiment_id: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -43,12 +43,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from service import crud, joblogs, lease, run_tags
+from service.checkpoints import remove_unfinished_writes
+from service.experiments import find_run, owned_experiment_id
 from service.jobs import memory_problems
 from service.launcher import Handle, Launcher, RayLauncher
 from service.mlflow_auth import experiment_name
-from service.models import Job, Study
+from service.models import Job, Study, owner_name
 from service.settings import Settings
 from service.states import HOLDING, RESUMABLE, TERMINAL, JobStatus, move
+from service.study_reports import log_to_parent_run
 from workers.hardware import ClusterSummary, job_footprint
 
 logger = logging.getLogger(__name__)
@@ -58,8 +61,10 @@ DATABASE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeoutError)
 # How long a job thread keeps retrying one database write before it gives up on it.
 DATABASE_RETRY_S = 60.0
 SHUTDOWN = "shutdown"  # Execution.stop_reason when the service stops: leave the job resumable
+REQUEUE = "requeue"  # ... when its systems left the cluster: back to the queue, resumable
 # A job's workers die with the Ray head a moment before the head's watcher notices.
 CLUSTER_LOSS_GRACE_S = 3.0
+REPORT_FLUSH_S = 15.0  # how long a stop waits for finished studies' reports to reach MLflow
 
 
 @dataclass
@@ -67,7 +72,7 @@ class Execution:
     job_id: int
     folder: Path  # the job's folder: its log, model and checkpoints
     handle: Handle | None = None
-    # Why the scheduler stopped it: "cancelled", "timeout" or SHUTDOWN.
+    # Why the scheduler stopped it: "cancelled", "timeout", SHUTDOWN or REQUEUE.
     stop_reason: str | None = None
     # (status, message, result) once the job ended, until the database has recorded it.
     outcome: tuple[JobStatus, str, dict[str, Any] | None] | None = None
@@ -95,10 +100,13 @@ class Scheduler:
                  launcher: Launcher | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
-        self.launcher = launcher or RayLauncher(settings)
+        if launcher is None:
+            launcher = RayLauncher(settings)
+        self.launcher = launcher
         self._executions: dict[int, Execution] = {}
         self._executions_lock = threading.Lock()
         self._parent_runs_lock = threading.Lock()
+        self._reporting: set[int] = set()  # studies whose report write is queued
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -131,6 +139,8 @@ class Scheduler:
         for execution in executions:
             if execution.thread is not None:
                 execution.thread.join(max(0.0, deadline - time.monotonic()))
+        if self.standby is None:
+            self._log_due_reports(REPORT_FLUSH_S)
         # Only now: a job thread still calling Ray after ray.shutdown() would start or join
         # some other Ray runtime of this machine.
         close = getattr(self.launcher, "close", None)
@@ -179,7 +189,14 @@ class Scheduler:
 
     def recover(self) -> None:
         """After a restart: nothing is running in this process yet, whatever the rows say."""
-        self._adopt_orphans("service restarted")
+        self._take_over("service restarted")
+
+    def _take_over(self, why: str) -> None:
+        """This server now schedules the database and no job of it runs anywhere: clear what
+        killed checkpoint writes left, then adopt every job that holds systems."""
+        for path in remove_unfinished_writes(self.settings.runs_dir):
+            logger.info("removed %s, left by an interrupted checkpoint write", path)
+        self._adopt_orphans(why)
 
     def _adopt_orphans(self, why: str) -> None:
         """Jobs that hold systems but have no execution in this process: put back in the
@@ -217,9 +234,14 @@ class Scheduler:
             return
         self._retry_outcomes()
         with self.sessions() as session:
-            self._forward_stops(session)
+            # One read of the jobs holding systems serves the tick's steps (each step reads
+            # their status again: an earlier one may have moved them).
+            holding = crud.jobs_in(session, statuses=HOLDING)
+            self._forward_stops(session, holding)
+            self._give_back_lost_systems(holding)
             if not self.settings.paused:
-                self._start_queued(session)
+                self._start_queued(session, [job for job in holding if job.status in HOLDING])
+            self._report_finished_studies(session)
         self._adopt_orphans("its execution was lost")
         self.last_tick_ok = time.monotonic()
 
@@ -246,7 +268,7 @@ class Scheduler:
         if self.standby is not None:
             if not self._take_lease():
                 return False
-            self._adopt_orphans("took over from a server whose lease expired")
+            self._take_over("took over from a server whose lease expired")
             return True
         with self.sessions() as session:
             renewed = lease.renew(session, self.holder, self.settings.lease_ttl_s)
@@ -269,10 +291,11 @@ class Scheduler:
         for execution in pending:
             self._conclude(execution, retry_s=0.0)  # never hold the tick up
 
-    def _forward_stops(self, session: Session) -> None:
+    def _forward_stops(self, session: Session, holding: list[Job]) -> None:
         now = datetime.now(UTC)
-        for job in crud.jobs_in(session, statuses=frozenset({S.CANCELLING, S.RUNNING,
-                                                             S.RECOVERING})):
+        for job in holding:
+            if job.status not in (S.CANCELLING, S.RUNNING, S.RECOVERING):
+                continue
             execution = self._executions.get(job.id)
             if job.status == S.CANCELLING:
                 if execution is not None:
@@ -285,9 +308,29 @@ class Scheduler:
                   and (now - job.started_at).total_seconds() > job.timeout_s):
                 execution.stop("timeout")
 
-    def _start_queued(self, session: Session) -> None:
+    def _give_back_lost_systems(self, holding: list[Job]) -> None:
+        """A node left the cluster: its jobs hold more systems than there are. Those whose
+        workers wait for Ray to place them again (RECOVERING) would wait for a node that may
+        never return, up to their timeout, holding systems another job could use: they go back
+        to the queue (the newest first, until what is held fits), to resume from their last
+        checkpoint once there is room."""
+        systems = self.settings.cluster().systems
+        holding = [job for job in holding if job.status in HOLDING]
+        excess = sum(len(job.systems) for job in holding) - systems
+        waiting = sorted((job for job in holding if job.status == S.RECOVERING),
+                         key=lambda job: -job.id)
+        for job in waiting:
+            if excess <= 0:
+                return
+            execution = self._executions.get(job.id)
+            if execution is not None and execution.stop_reason is None:
+                joblogs.append(execution.folder, f"the cluster has {systems} systems, its jobs "
+                               f"hold {excess + systems}: back to the queue")
+                execution.stop(REQUEUE)
+            excess -= len(job.systems)
+
+    def _start_queued(self, session: Session, holding: list[Job]) -> None:
         cluster = self.settings.cluster()
-        holding = crud.jobs_in(session, statuses=HOLDING)
         free = sorted(set(range(cluster.systems)) - {s for job in holding for s in job.systems})
         # The CPUs and GPUs the holding jobs' workers take: a job whose systems are free but
         # whose CPUs are not would wait on Ray while it reads RUNNING, and Ray would let a later
@@ -298,18 +341,58 @@ class Scheduler:
         capacity = (cluster.systems * cluster.cpus_per_system, cluster.gpus)
         # Strict priority + FIFO: the head waits for its systems, CPUs and GPUs; nobody
         # overtakes it. Only the head is read, so a tick costs one indexed row however long
-        # the queue is. A head larger than the whole cluster starts alone (and fails, naming
-        # the key) rather than blocking the queue.
-        while (job := crud.queue_head(session)) is not None and job.num_csx <= len(free):
+        # the queue is. A job larger than the whole cluster (which shrank since it was
+        # admitted: a node left) is passed over until the cluster grows again.
+        while ((job := crud.queue_head(session, max_systems=cluster.systems)) is not None
+               and job.num_csx <= len(free)):
             need = footprint(cluster, job)
             if holding and any(u + n > c + 1e-9 for u, n, c in zip(used, need, capacity)):
                 break
+            systems = free[:job.num_csx]
+            job.systems = systems
+            self._move(session, job, S.VALIDATING, f"systems {systems} reserved")
+            try:
+                session.commit()
+            except StaleDataError:  # cancelled (or moved) by the API meanwhile: next head
+                session.rollback()
+                continue
             used = [u + n for u, n in zip(used, need)]
             holding.append(job)
-            job.systems, free = free[:job.num_csx], free[job.num_csx:]
-            self._move(session, job, S.VALIDATING, f"systems {job.systems} reserved")
-            session.commit()
+            free = free[job.num_csx:]
             self._spawn(job, resume=False)
+
+    def _report_finished_studies(self, session: Session) -> None:
+        """Queue the report of every study whose jobs all ended for its parent run (MLflow's
+        background queue, service/run_tags.py), one write per study at a time."""
+        for study in crud.studies_to_report(session):
+            with self._executions_lock:
+                if study.id in self._reporting:
+                    continue
+                self._reporting.add(study.id)
+            run_tags.submit_write(self.settings.mlflow_tracking_uri,
+                                  f"logging study {study.id}'s report to its parent run",
+                                  partial(self._log_report, study.id))
+
+    def _log_due_reports(self, timeout_s: float) -> None:
+        """On stopping: the reports of studies that just ended go to MLflow first (`make run`
+        stops its stack as soon as its study ends), for `timeout_s` at most."""
+        try:
+            with self.sessions() as session:
+                self._report_finished_studies(session)
+        except DATABASE_UNAVAILABLE as err:
+            logger.warning("study reports not logged before stopping: %s", err)
+            return
+        run_tags.flush(self.settings.mlflow_tracking_uri, timeout_s)
+
+    def _log_report(self, study_id: int) -> None:
+        try:
+            log_to_parent_run(self.settings, self.sessions, study_id)
+        except Exception as err:  # MLflow or the database away: a later tick queues it again
+            logger.warning("study %d's report not logged to its parent run yet: %s", study_id,
+                           one_line(str(err), self.settings.runs_dir))
+        finally:
+            with self._executions_lock:
+                self._reporting.discard(study_id)
 
     # ---- execution threads -----------------------------------------------------------------
     def _spawn(self, job: Job, *, resume: bool) -> Execution:
@@ -388,8 +471,10 @@ class Scheduler:
                 if too_big:
                     raise ValueError(f"invalid job: {too_big[0][1]}")
             try:
+                # The experiment's name for the record; the run goes into the service's own
+                # experiment of that name (launch_args' experiment_id, service/experiments.py).
                 plan = plan_job(spec, job.num_csx, max_failures=job.max_failures,
-                                experiment=experiment_name(self.settings.mlflow_access, job.owner.name,
+                                experiment=experiment_name(self.settings.mlflow_access, owner_name(job),
                                                            job.experiment))
                 if not resume:
                     from training.report import plan_report
@@ -413,11 +498,31 @@ class Scheduler:
                 "tracking_uri": self.settings.mlflow_tracking_uri,
                 "run_name": run_name, "tags": run_tags,
             }
-            study_id = job.study_id
+            study_id, owner = job.study_id, (job.owner_id, owner_name(job), job.experiment)
             session.commit()
-        if study_id is not None:  # outside the transaction: MLflow may take minutes to answer
+        # Outside the transaction: MLflow may take minutes to answer.
+        experiment_id = self._experiment_of(job_id, *owner)
+        launch_args["experiment_id"] = experiment_id
+        if launch_args["mlflow_run_id"] is None:
+            # A run opened for the job by a server stopped before it recorded the run.
+            launch_args["mlflow_run_id"] = find_run(self.settings, experiment_id,
+                                                    {"csx.job_id": str(job_id)})
+        if study_id is not None:
             launch_args["parent_run_id"] = self._parent_run(study_id)
         return plan, launch_args
+
+    def _experiment_of(self, job_id: int, owner_id: int, owner_name: str,
+                       experiment: str) -> str:
+        """The job's MLflow experiment, the service's own (service/experiments.py), recorded
+        on the job for its mlflow_url."""
+        experiment_id = owned_experiment_id(self.sessions, self.settings, owner_id=owner_id,
+                                            owner_name=owner_name, experiment=experiment)
+
+        def record(session: Session, job: Job) -> None:
+            job.mlflow_experiment_id = experiment_id
+
+        self._apply(job_id, record)
+        return experiment_id
 
     def _parent_run(self, study_id: int) -> str:
         """The study's parent MLflow run, opened by its first job to start (not by the request
@@ -432,7 +537,10 @@ class Scheduler:
                 if study.mlflow_run_id is not None:
                     return study.mlflow_run_id
                 session.expunge(study)  # its loaded fields (owner included) stay readable
-            experiment_id, run_id = open_parent_run(self.settings, study)
+            experiment_id = owned_experiment_id(
+                self.sessions, self.settings, owner_id=study.owner_id,
+                owner_name=owner_name(study), experiment=study.experiment)
+            run_id = open_parent_run(self.settings, study, experiment_id)
             with self.sessions() as session:
                 session.execute(update(Study).where(Study.id == study_id).values(
                     mlflow_experiment_id=experiment_id, mlflow_run_id=run_id))
@@ -443,11 +551,6 @@ class Scheduler:
         def apply(session: Session, job: Job) -> None:
             if handle.run_id and job.mlflow_run_id != handle.run_id:
                 job.mlflow_run_id = handle.run_id
-                job.mlflow_experiment_id = _experiment_id(self.settings, handle.run_id)
-                if (access := self.settings.mlflow_access) is not None:
-                    grant = partial(access.grant_read, job.owner.name, [job.mlflow_experiment_id])
-                    run_tags.submit_write(access.tracking_uri, f"letting {job.owner.name} read "
-                                          f"experiment {job.mlflow_experiment_id}", grant)
             if job.status in (S.PROVISIONING, S.RECOVERING):
                 self._move(session, job, S.RUNNING, f"worker group of {job.num_csx} started")
 
@@ -490,6 +593,9 @@ class Scheduler:
             outcome, message = S.FAILED, "TIMEOUT: the job ran longer than its timeout_s"
         elif execution.stop_reason == "cancelled":
             outcome, message = S.CANCELLED, "cancelled"
+        elif execution.stop_reason == REQUEUE:
+            outcome, message = S.QUEUED, ("back in the queue: a node of the cluster left with "
+                                          "its systems; resumes from its last checkpoint")
 
         def apply(session: Session, job: Job) -> None:
             if job.status in TERMINAL:
@@ -503,6 +609,8 @@ class Scheduler:
                 self._move(session, job, S.CANCELLING, message)
             if target is S.SUCCEEDED and job.status != S.RUNNING:
                 self._move(session, job, S.RUNNING, "resumed")
+            if target is S.QUEUED and job.status != S.RECOVERING:
+                self._move(session, job, S.RECOVERING, "worker group stopped")
             self._move(session, job, target, message)
 
         self._apply(execution.job_id, apply, retry_s=retry_s)
@@ -579,8 +687,3 @@ def one_line(message: str, runs_dir: Path) -> str:
     text = text.replace(str(runs_dir) + "/", "runs/")
     return _ABSOLUTE_PATH.sub(lambda m: ".../" + m.group(1), text)[:MAX_REASON_CHARS]
 
-
-def _experiment_id(settings: Settings, run_id: str) -> str:
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(settings.mlflow_tracking_uri).get_run(run_id).info.experiment_id

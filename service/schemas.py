@@ -26,8 +26,9 @@ StudyAlgorithm = Literal["dense", "static", "set", "rigl", "granet"]
 # No NUL characters: PostgreSQL cannot store them in text (bodies are checked for them anywhere
 # before validation; the pattern documents it).
 NO_NUL = r"^[^\x00]*$"
-Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True,
-                                        pattern=NO_NUL)]
+MAX_NAME_CHARS = 200  # names and experiments: String(200) columns
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS,
+                                        strip_whitespace=True, pattern=NO_NUL)]
 TagKey = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=NO_NUL)]
 TagValue = Annotated[str, StringConstraints(max_length=1000, pattern=NO_NUL)]
 

@@ -57,7 +57,7 @@ class Settings(BaseSettings):
     scheduler_interval_s: float = Field(default=0.2, gt=0, le=60)
     # Least time between two scheduler passes: bounds its share of the CPU under a burst of
     # submissions; a queued job starts at most this much later.
-    scheduler_min_gap_s: float = Field(default=0.02, ge=0, le=1)
+    scheduler_min_gap_s: float = Field(default=0.1, ge=0, le=1)
     # "module:function" with workers.runner.run_job's signature; the executor calls it in a thread.
     job_runner: str = "workers.runner:run_job"
     run_migrations_on_start: bool = True
@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=40, ge=2, le=1000)
     # Longest wait for one of them (or for the database) before answering 503 + Retry-After.
     db_wait_s: float = Field(default=10.0, gt=0, le=300, allow_inf_nan=False)
+    # Failed authentications a client address may make per window before its requests answer
+    # 429 with Retry-After (service/limits.py).
+    auth_failures_max: int = Field(default=10, ge=1, le=10_000)
+    auth_failures_window_s: float = Field(default=60.0, gt=0, le=86400, allow_inf_nan=False)
     # One scheduler per database: the server holding the lease renews it every tick; a second
     # server refuses to start until it expires (or its holder on this host is gone).
     lease_ttl_s: float = Field(default=30.0, ge=1, le=3600, allow_inf_nan=False)

@@ -2,8 +2,10 @@
 
 QUEUED → VALIDATING → PROVISIONING → RUNNING ⇄ RECOVERING → SUCCEEDED | FAILED | CANCELLING →
 CANCELLED. SUCCEEDED and CANCELLED accept nothing; FAILED accepts only the explicit retry back to
-QUEUED (same job, same MLflow run, attempt + 1). Every move writes a JobEvent row and, when the
-job has an MLflow run, queues its `csx.status` tag (service/run_tags.py: never waits on MLflow).
+QUEUED (same job, same MLflow run, attempt + 1). RECOVERING goes back to QUEUED when the node
+its workers waited for left the cluster (service/scheduler.py): same attempt, systems freed.
+Every move writes a JobEvent row and, when the job has an MLflow run, queues its `csx.status`
+tag (service/run_tags.py: never waits on MLflow).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     S.VALIDATING: frozenset({S.PROVISIONING, S.FAILED, S.CANCELLING, S.QUEUED}),
     S.PROVISIONING: frozenset({S.RUNNING, S.RECOVERING, S.FAILED, S.CANCELLING}),
     S.RUNNING: frozenset({S.RECOVERING, S.SUCCEEDED, S.FAILED, S.CANCELLING}),
-    S.RECOVERING: frozenset({S.RUNNING, S.FAILED, S.CANCELLING}),
+    S.RECOVERING: frozenset({S.RUNNING, S.FAILED, S.CANCELLING, S.QUEUED}),
     S.CANCELLING: frozenset({S.CANCELLED}),
     S.FAILED: frozenset({S.QUEUED}),
     S.SUCCEEDED: frozenset(),
@@ -74,9 +76,10 @@ def move(
     if target is S.QUEUED and current is S.FAILED:
         job.attempt += 1
         job.failures = 0
-        job.started_at = None  # the timeout counts from this attempt's start
         job.finished_at = None
         job.result = None
+    if target is S.QUEUED:
+        job.started_at = None  # the timeout counts from the start that follows
     if target is S.RUNNING and job.started_at is None:
         job.started_at = now
     if target in TERMINAL:

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import base64
-import csv
-import io
 import statistics
-import tempfile
 from collections import defaultdict
 from itertools import combinations
-from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 from urllib.parse import quote
 
 from service.full_size import full_size_report
-from service.mlflow_auth import experiment_name
+from service.experiments import find_run
 from service.models import Job, Study
 from service.schemas import (
     StudyCreate,
@@ -198,18 +193,20 @@ def gap_verdict(exceeds_noise: bool | None) -> str:
     return "real" if exceeds_noise else "within seed noise"
 
 
-def open_parent_run(settings: Settings, study: Study) -> tuple[str, str]:
-    """(experiment id, run id) of the study's parent run (loads torch via tracking.tracker)."""
+def open_parent_run(settings: Settings, study: Study, experiment_id: str) -> str:
+    """The id of the study's parent run in its experiment (the service's own): the one a
+    server stopped before recording it left there, else a new one (loads torch via
+    tracking.tracker)."""
     from mlflow.tracking import MlflowClient
 
     from tracking.tracker import create_run
 
-    experiment = experiment_name(settings.mlflow_access, study.owner.name, study.experiment)
-    run_id = create_run(experiment, tracking_uri=settings.mlflow_tracking_uri,
-                        run_name=study.name, tags={"csx.study_id": str(study.id),
-                                                   "csx.role": "study"})
+    identity = {"csx.study_id": str(study.id), "csx.role": "study"}
+    run_id = find_run(settings, experiment_id, identity)
+    if run_id is None:
+        run_id = create_run(study.experiment, tracking_uri=settings.mlflow_tracking_uri,
+                            run_name=study.name, tags=identity, experiment_id=experiment_id)
     client = MlflowClient(settings.mlflow_tracking_uri)
-    experiment_id = client.get_run(run_id).info.experiment_id
     link = compare_link(experiment_id, study.id)
     client.set_tag(run_id, NOTE_TAG, COMPARE_NOTE.format(name=study.name, link=link))
     note = client.get_experiment(experiment_id).tags.get(NOTE_TAG)
@@ -217,7 +214,7 @@ def open_parent_run(settings: Settings, study: Study) -> tuple[str, str]:
         client.set_experiment_tag(experiment_id, NOTE_TAG,
                                   EXPERIMENT_NOTE.format(name=study.name, link=link))
     client.log_dict(run_id, study.request, "study_spec.json")
-    return experiment_id, run_id
+    return run_id
 
 
 def compare_link(experiment_id: str, study_id: int) -> str:
@@ -264,7 +261,8 @@ def study_status(study: Study) -> str:
     return "DONE" if all(JobStatus(j.status) in TERMINAL for j in study.jobs) else "RUNNING"
 
 
-def build_report(settings: Settings, study: Study) -> StudyReport:
+def build_report(study: Study) -> StudyReport:
+    """The report's numbers, without its figure (service/study_reports.py draws that)."""
     rows = []
     for job in study.jobs:
         result = job.result or {}
@@ -282,15 +280,8 @@ def build_report(settings: Settings, study: Study) -> StudyReport:
         ))
     complete = study_status(study) == "DONE"
     summaries, gaps = aggregate(rows)
-    report = StudyReport(study_id=study.id, complete=complete, rows=rows, variants=summaries,
-                         gaps=gaps, full_size=full_size_report(study), png_base64=None)
-    with tempfile.TemporaryDirectory() as folder:
-        pngs = _write_figures(study_figures(study, report), Path(folder))
-        png = pngs["study_perplexity.png"].read_bytes() if "study_perplexity.png" in pngs else None
-        report.png_base64 = base64.b64encode(png).decode() if png else None
-        if complete and study.mlflow_run_id:
-            _log_to_parent(settings, study.mlflow_run_id, report, list(pngs.values()))
-    return report
+    return StudyReport(study_id=study.id, complete=complete, rows=rows, variants=summaries,
+                       gaps=gaps, full_size=full_size_report(study), png_base64=None)
 
 
 def study_figures(study: Study, report: StudyReport) -> dict[str, Any]:
@@ -320,37 +311,3 @@ def study_figures(study: Study, report: StudyReport) -> dict[str, Any]:
     if points:
         figures["study_tradeoff.png"] = tradeoff_figure(points, title=f"study {study.name}")
     return figures
-
-
-def _write_figures(figures: dict[str, Any], folder: Path) -> dict[str, Path]:
-    from tracking.plots import save_figure
-
-    for name, figure in figures.items():
-        save_figure(figure, folder / name)
-    return {name: folder / name for name in figures}
-
-
-def _log_to_parent(settings: Settings, run_id: str, report: StudyReport,
-                   figures: list[Path]) -> None:
-    """The finished report as artifacts of the parent run, and each variant's mean and sd over
-    seeds as parent-run metrics. Done once: the run is terminated afterwards, and a later
-    request must not append the same metric points again."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(settings.mlflow_tracking_uri)
-    if client.get_run(run_id).info.status != "RUNNING":
-        return
-    client.log_dict(run_id, report.model_dump(exclude={"png_base64"}), "study_report.json")
-    for summary in report.variants:
-        for stat, value in (("mean", summary.final_eval_perplexity_mean),
-                            ("sd", summary.final_eval_perplexity_sd)):
-            if value is not None:
-                client.log_metric(run_id, f"final_ppl_{stat}/{summary.variant}", value)
-    columns = ("variant", "seed", "status", "final_eval_perplexity", "best_eval_perplexity",
-               "projected_speedup", "wall_time_s", "job_id")
-    table = io.StringIO()
-    csv.writer(table).writerows([columns, *([getattr(r, c) for c in columns] for r in report.rows)])
-    client.log_text(run_id, table.getvalue(), "study_summary.csv")
-    for path in figures:
-        client.log_artifact(run_id, str(path))
-    client.set_terminated(run_id, "FINISHED")

@@ -98,13 +98,19 @@ def get_or_create_experiment(client: MlflowClient, name: str) -> str:
         if EXPERIMENT_KIND_TAG not in found.tags:
             client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         return found.experiment_id
+    return new_experiment(client, name) or client.get_experiment_by_name(name).experiment_id
+
+
+def new_experiment(client: MlflowClient, name: str) -> str | None:
+    """Create experiment `name` (marked as model training) and return its id; None when an
+    experiment of that name exists already, whoever made it."""
     try:
         return client.create_experiment(name, artifact_location=artifact_location(
             client.tracking_uri, name), tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
     except MlflowException as exc:
         if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
             raise
-        return client.get_experiment_by_name(name).experiment_id
+        return None
 
 
 def artifact_location(tracking_uri: str, experiment: str) -> str | None:
@@ -117,9 +123,11 @@ def artifact_location(tracking_uri: str, experiment: str) -> str | None:
 
 def create_run(experiment: str, *, tracking_uri: str | None = None,
                parent_run_id: str | None = None, run_name: str | None = None,
-               tags: Mapping[str, str] | None = None) -> str:
+               tags: Mapping[str, str] | None = None, experiment_id: str | None = None) -> str:
     """Create a run (nested under `parent_run_id` when given) and return its id.
 
+    The run goes into experiment `experiment_id` when given (the service's jobs: it owns
+    their experiments, service/experiments.py), else into the experiment named `experiment`.
     The runner calls this in the driver so the id is known before any worker starts and
     every retry of a job logs to the same run.
     """
@@ -128,7 +136,7 @@ def create_run(experiment: str, *, tracking_uri: str | None = None,
     if parent_run_id is not None:
         client.get_run(parent_run_id)  # fails loudly on an unknown parent
         run_tags[PARENT_RUN_TAG] = parent_run_id
-    run = client.create_run(get_or_create_experiment(client, experiment),
+    run = client.create_run(experiment_id or get_or_create_experiment(client, experiment),
                             run_name=run_name, tags=run_tags)
     return run.info.run_id
 
@@ -199,7 +207,7 @@ def cli_run_name(params_file: str, algorithm: str) -> str:
 
 def open_run(plan: JobPlan, *, tracking_uri: str | None = None,
              parent_run_id: str | None = None, run_name: str | None = None,
-             tags: Mapping[str, str] | None = None) -> str:
+             tags: Mapping[str, str] | None = None, experiment_id: str | None = None) -> str:
     """Create a job's MLflow run with its params and the params YAML, the same on 1 and on N
     systems.
 
@@ -212,8 +220,8 @@ def open_run(plan: JobPlan, *, tracking_uri: str | None = None,
     run_tags = {"csx.algorithm": params["algorithm"], "csx.variant": name,
                 "csx.num_csx": str(plan.num_csx), **(tags or {})}
     tracking_uri = resolve_tracking_uri(tracking_uri)
-    run_id = create_run(plan.experiment, tracking_uri=tracking_uri,
-                        parent_run_id=parent_run_id, run_name=name, tags=run_tags)
+    run_id = create_run(plan.experiment, tracking_uri=tracking_uri, parent_run_id=parent_run_id,
+                        run_name=name, tags=run_tags, experiment_id=experiment_id)
     client = MlflowClient(tracking_uri=tracking_uri)
     items = [Param(k, v) for k, v in params.items()]
     for start in range(0, len(items), MAX_PARAMS_PER_BATCH):

@@ -331,9 +331,9 @@ class JobHandle:
 
 
 def start_job(plan: JobPlan, *, mode: str = "train", model_dir: str,
-              mlflow_run_id: str | None = None, parent_run_id: str | None = None,
-              progress: ProgressCallback | None = None, tracking: bool = True,
-              tracking_uri: str | None = None,
+              mlflow_run_id: str | None = None, experiment_id: str | None = None,
+              parent_run_id: str | None = None, progress: ProgressCallback | None = None,
+              tracking: bool = True, tracking_uri: str | None = None,
               run_name: str | None = None, tags: Mapping[str, str] | None = None,
               train_fn: Callable[..., dict] | None = None) -> JobHandle:
     """Create (or reuse) the MLflow run, connect to Ray and start the first attempt's
@@ -341,7 +341,8 @@ def start_job(plan: JobPlan, *, mode: str = "train", model_dir: str,
     `wait()`.
 
     `train_fn` is the per-rank loop with `training.loop.train`'s signature (the default).
-    `run_name` and `tags` name and tag a newly created run (see `open_run`).
+    `run_name` and `tags` name and tag a newly created run (see `open_run`), in experiment
+    `experiment_id` when given, else in the one the plan names.
     """
     if not isinstance(plan, JobPlan):
         raise TypeError(f"plan must be a training.plan.JobPlan, got {type(plan).__name__}")
@@ -356,22 +357,23 @@ def start_job(plan: JobPlan, *, mode: str = "train", model_dir: str,
     if tracking:
         tracking_uri = resolve_tracking_uri(tracking_uri)
         run_id = mlflow_run_id or open_run(plan, tracking_uri=tracking_uri, parent_run_id=parent_run_id,
-                                           run_name=run_name, tags=tags)
+                                           run_name=run_name, tags=tags, experiment_id=experiment_id)
     return JobHandle(plan, mode=mode, model_dir=model_dir, run_id=run_id, tracking_uri=tracking_uri,
                      progress=progress, train_fn=train_fn, hardware=hardware)
 
 
 def run_job(plan: JobPlan, *, mode: str = "train", model_dir: str,
-            mlflow_run_id: str | None = None, parent_run_id: str | None = None,
-            progress: ProgressCallback | None = None, tracking: bool = True,
-            tracking_uri: str | None = None,
+            mlflow_run_id: str | None = None, experiment_id: str | None = None,
+            parent_run_id: str | None = None, progress: ProgressCallback | None = None,
+            tracking: bool = True, tracking_uri: str | None = None,
             run_name: str | None = None, tags: Mapping[str, str] | None = None,
             train_fn: Callable[..., dict] | None = None) -> dict[str, Any]:
     """Run a job to completion on its plan's `num_csx` simulated systems and return its summary."""
     started = time.perf_counter()
     handle = start_job(plan, mode=mode, model_dir=model_dir, mlflow_run_id=mlflow_run_id,
-                       parent_run_id=parent_run_id, progress=progress, tracking=tracking,
-                       tracking_uri=tracking_uri, train_fn=train_fn, run_name=run_name, tags=tags)
+                       experiment_id=experiment_id, parent_run_id=parent_run_id, progress=progress,
+                       tracking=tracking, tracking_uri=tracking_uri, train_fn=train_fn,
+                       run_name=run_name, tags=tags)
     summary = handle.wait()
     summary["job_wall_s"] = time.perf_counter() - started
     return summary

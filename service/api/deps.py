@@ -1,15 +1,13 @@
 """Dependencies as named types: a handler's signature says what it needs.
 
-They are `async def` although their database reads are synchronous: each is one indexed query
-(well under a millisecond), and a plain `def` dependency costs a round trip through the thread
-pool, which measured as a large share of a submission's time under load (bench/api_load.py).
-
-That is safe only because a read on the event loop never waits for a pooled connection: a
-request gets its session only after taking one of `db_pool_size` slots (an async wait, bounded
-by `db_wait_s`, then 503), and the API's pool holds as many connections, so an admitted request
-always finds one free. Without the slots, requests in the thread pool held every connection,
-the loop blocked waiting for one, and those connections could only come back through the
-blocked loop: 20 concurrent requests deadlocked the server.
+Those that ask the database are plain functions, which FastAPI runs in the thread pool: on
+PostgreSQL each query is a network round trip (two with the pool's pre-ping), and an `async`
+dependency waiting on it on the event loop held up every other request meanwhile (50 clients
+over every route: p99 seconds). A request gets its session only after taking one of
+`db_pool_size` slots (an async wait, bounded by `db_wait_s`, then 503), and the API's pool
+holds as many connections, so a thread that has a session always finds a free connection:
+without the slots, requests in the thread pool held every connection and the event loop,
+waiting for one, deadlocked the server at 20 concurrent requests.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import anyio
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.convertors import Convertor, register_url_convertor
 
 from service import crud
 from service.crud import Caller
@@ -29,6 +28,21 @@ from service.schemas import MAX_ID
 from service.scheduler import Scheduler
 from service.settings import Settings
 
+class IdConvertor(Convertor[int]):
+    """`{job_id:id}` in a route: a run of digits. Starlette's `int` convertor converted it with
+    int(), which refuses more than 4,300 digits (an 8,000-digit id answered 500); one with more
+    digits than MAX_ID has is read as MAX_ID + 1, which `ResourceId` refuses (422)."""
+
+    regex = "[0-9]+"
+
+    def convert(self, value: str) -> int:
+        return int(value) if len(value) <= len(str(MAX_ID)) else MAX_ID + 1
+
+    def to_string(self, value: int) -> str:
+        return str(value)
+
+
+register_url_convertor("id", IdConvertor())  # before the route modules define their paths
 ResourceId = Annotated[int, Path(ge=1, le=MAX_ID)]
 bearer = HTTPBearer(auto_error=False, description="a token from `csx token create`")
 
@@ -59,21 +73,31 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]
-SessionDep = Annotated[Session, Depends(get_session)]
+# Scope "function": the session closes and its slot comes free once the handler returned, not
+# after the response was sent (a slow reader of a streamed log held a slot for as long).
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-async def get_current_user(
+def get_current_user(
+    request: Request,
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Caller:
     unauthorized = {"WWW-Authenticate": "Bearer"}
     if credentials is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Not authenticated", unauthorized)
+    limiter = request.app.state.auth_limiter
+    client = request.client.host if request.client else "unknown"
+    if (wait_s := limiter.retry_after_s(client)) is not None:
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                            f"too many failed authentications from {client}; retry in {wait_s} s",
+                            {"Retry-After": str(wait_s)})
     caller = crud.get_caller(session, secret=credentials.credentials)
     # End the read so the connection goes back to the pool while the request waits for its
     # body to arrive and be parsed (behind others' uploads); a plain record stays valid.
     session.rollback()
     if caller is None:
+        limiter.failed(client)
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Invalid token", unauthorized)
     return caller
 
@@ -85,7 +109,7 @@ def _visible(user: Caller, owner_id: int) -> bool:
     return user.is_admin or owner_id == user.id
 
 
-async def get_owned_job(job_id: ResourceId, session: SessionDep, user: CurrentUser) -> Job:
+def get_owned_job(job_id: ResourceId, session: SessionDep, user: CurrentUser) -> Job:
     """Load the job; 404 if it is missing or not the caller's (admins see every job): the same
     answer in both cases, so ids of other users' jobs are not revealed."""
     job = session.get(Job, job_id)
@@ -94,7 +118,7 @@ async def get_owned_job(job_id: ResourceId, session: SessionDep, user: CurrentUs
     return job
 
 
-async def get_owned_study(study_id: ResourceId, session: SessionDep, user: CurrentUser) -> Study:
+def get_owned_study(study_id: ResourceId, session: SessionDep, user: CurrentUser) -> Study:
     study = session.get(Study, study_id)
     if study is None or not _visible(user, study.owner_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"Study {study_id} not found")

@@ -3,6 +3,7 @@ one private PostgreSQL server per session for the tests that need the production
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -36,8 +37,26 @@ def postgres_url(postgres: PostgresServer) -> str:
     return postgres.url()
 
 
+@pytest.fixture(scope="session")
+def empty_mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow SQLite store with its tables made: creating them takes MLflow 5-10 s, and
+    every job the service starts creates its MLflow experiment (service/experiments.py)."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def service_settings(tmp_path: Path) -> Settings:
+def mlflow_uri(tmp_path: Path, empty_mlflow_store: Path) -> str:
+    """A test's own MLflow store, its tables made already."""
+    shutil.copyfile(empty_mlflow_store, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture
+def service_settings(tmp_path: Path, mlflow_uri: str) -> Settings:
     """Four systems on four one-CPU nodes (this machine's memory and GPUs), so the scripted
     launcher's 1-system jobs run side by side whatever this machine's cores: on one node a
     1-system job takes every core by default and the scheduler starts the next when it ends."""
@@ -45,7 +64,7 @@ def service_settings(tmp_path: Path) -> Settings:
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'csx.db'}",
         runs_dir=tmp_path / "runs",
-        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        mlflow_tracking_uri=mlflow_uri,
         allowed_data_roots=[tmp_path / "data"],
         cluster_size=4,
         scheduler_interval_s=0.05,

@@ -75,16 +75,16 @@ class ScriptedLauncher:
             from mlflow.tracking import MlflowClient
 
             client = MlflowClient(kwargs["tracking_uri"])
-            experiment = client.get_experiment_by_name(plan.experiment)
-            experiment_id = (experiment.experiment_id if experiment
-                             else client.create_experiment(plan.experiment))
-            handle.run_id = client.create_run(experiment_id).info.run_id
+            handle.run_id = client.create_run(kwargs["experiment_id"], run_name=kwargs["run_name"],
+                                              tags=kwargs["tags"]).info.run_id
         self.handles.append(handle)
         return handle
 
     def launches_of(self, job_id: int) -> list[ScriptedHandle]:
+        folders = (f"job-{job_id}", f"job-{job_id}-")  # a job from before run keys: job-<id>
         return [h for h in self.handles
-                if Path(h.kwargs["model_dir"]).parent.name.startswith(f"job-{job_id}-")]
+                if Path(h.kwargs["model_dir"]).parent.name in folders[:1]
+                or Path(h.kwargs["model_dir"]).parent.name.startswith(folders[1])]
 
     def handle_for(self, job_id: int, *, launch: int = 1, timeout_s: float = 30) -> ScriptedHandle:
         """The handle of the job's `launch`-th launch, waiting for it to happen."""
@@ -95,6 +95,30 @@ class ScriptedLauncher:
                 return mine[launch - 1]
             time.sleep(0.02)
         raise AssertionError(f"job {job_id} was not launched {launch} time(s)")
+
+
+def start_auth_mlflow(state: Path, admin: tuple[str, str]) -> tuple[StackProcess, str]:
+    """`mlflow server --app-name basic-auth` keeping its stores in `state`, with `admin` as its
+    admin account and nothing allowed by default (service/mlflow_auth.py): (process, url)."""
+    from service.mlflow_auth import CREDENTIALS_ENV, MlflowAccess, server_env
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, **server_env(MlflowAccess(url, *admin), state),
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    for name in CREDENTIALS_ENV:
+        env.pop(name, None)
+    server = StackProcess.start("mlflow server", [
+        sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host",
+        "127.0.0.1", "--port", str(port), "--workers", "1", "--backend-store-uri",
+        f"sqlite:///{state / 'mlflow.db'}", "--serve-artifacts", "--artifacts-destination",
+        str(state / "mlartifacts")], log_path=state / "mlflow.log", env=env, cwd=state)
+    try:
+        wait_until_up(f"{url}/health", server, 180)
+    except BaseException:
+        server.stop()
+        raise
+    return server, url
 
 
 def make_token(client: TestClient, name: str, *, admin: bool = False) -> dict[str, str]:

@@ -4,8 +4,6 @@ user, each reading only its own jobs' experiments."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,11 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service import run_tags
-from service.processes import HOST, StackProcess, free_port, wait_until_up
 from service.main import create_app
-from service.mlflow_auth import CREDENTIALS_ENV, MlflowAccess, server_env
+from service.mlflow_auth import CREDENTIALS_ENV, MlflowAccess
 from service.settings import Settings
-from service_helpers import ScriptedLauncher, job_body, make_token, wait_status
+from service_helpers import ScriptedLauncher, job_body, make_token, start_auth_mlflow, wait_status
 
 ADMIN = ("csx-service", "admin-password-for-tests")
 
@@ -26,20 +23,8 @@ ADMIN = ("csx-service", "admin-password-for-tests")
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One authenticating MLflow server for the module (it takes ~10-25 s to start)."""
-    state = tmp_path_factory.mktemp("mlflow-auth")
-    port = free_port()
-    url = f"http://{HOST}:{port}"
-    env = {**os.environ, **server_env(MlflowAccess(url, *ADMIN), state),
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    for name in CREDENTIALS_ENV:
-        env.pop(name, None)
-    server = StackProcess.start("mlflow server", [
-        sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host", HOST,
-        "--port", str(port), "--workers", "1", "--backend-store-uri",
-        f"sqlite:///{state / 'mlflow.db'}", "--serve-artifacts", "--artifacts-destination",
-        str(state / "mlartifacts")], log_path=state / "mlflow.log", env=env, cwd=state)
+    server, url = start_auth_mlflow(tmp_path_factory.mktemp("mlflow-auth"), ADMIN)
     try:
-        wait_until_up(f"{url}/health", server, 180)
         yield url
     finally:
         server.stop()
@@ -103,6 +88,43 @@ def test_each_user_reads_only_their_own_runs(auth_client: TestClient, mlflow_ser
     as_bob = auth_client.get("/v1/mlflow/credentials", headers=bob).json()
     assert read(bobs, (as_bob["username"], as_bob["password"])) == 200
     assert as_bob["password"] != mine["password"]
+
+
+def test_an_experiment_another_user_named_first_never_gets_the_users_runs(
+        auth_client: TestClient, mlflow_server: str) -> None:
+    """Bob creates `alice/squat` before Alice's first job there (MLflow lets any user create
+    any experiment, and makes its creator its manager): her runs must not land in it."""
+    alice, bob = make_token(auth_client, "alice"), make_token(auth_client, "bob")
+    bobs = auth_client.get("/v1/mlflow/credentials", headers=bob).json()
+    as_bob = (bobs["username"], bobs["password"])
+    api = f"{mlflow_server}/api/2.0/mlflow"
+    squat = httpx.post(f"{api}/experiments/create", json={"name": "alice/squat"}, auth=as_bob,
+                       timeout=30)
+    assert squat.status_code == 200, squat.text
+    squatted = squat.json()["experiment_id"]
+
+    jobs = []
+    for _ in range(2):
+        response = auth_client.post("/v1/jobs", json=job_body(experiment="squat"), headers=alice)
+        assert response.status_code == 201, response.text
+        jobs.append(wait_status(auth_client, alice, response.json()["id"], "RUNNING"))
+    assert run_tags.flush(mlflow_server)
+    homes = {httpx.get(f"{api}/runs/get", params={"run_id": job["mlflow_run_id"]}, auth=ADMIN,
+                       timeout=30).json()["run"]["info"]["experiment_id"] for job in jobs}
+    assert len(homes) == 1 and squatted not in homes  # one experiment, the service's own
+    (home,) = homes
+    assert all(f"/#/experiments/{home}/runs/" in job["mlflow_url"] for job in jobs)
+    for job in jobs:
+        run = {"run_id": job["mlflow_run_id"]}
+        assert httpx.get(f"{api}/runs/get", params=run, auth=as_bob, timeout=30).status_code == 403
+        assert httpx.post(f"{api}/runs/delete", json=run, auth=as_bob,
+                          timeout=30).status_code == 403
+    found = httpx.post(f"{api}/runs/search", json={"experiment_ids": [squatted]}, auth=as_bob,
+                       timeout=30)
+    assert found.status_code == 200 and found.json().get("runs", []) == []
+    alices = auth_client.get("/v1/mlflow/credentials", headers=alice).json()
+    assert httpx.get(f"{api}/runs/get", params={"run_id": jobs[0]["mlflow_run_id"]},
+                     auth=(alices["username"], alices["password"]), timeout=30).status_code == 200
 
 
 def test_credentials_say_mlflow_is_open_on_a_single_user_service(

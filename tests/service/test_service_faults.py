@@ -12,7 +12,6 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -222,7 +221,8 @@ def test_a_study_is_accepted_while_mlflow_is_away(service_settings: Settings,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Today's POST /v1/studies opened the study's parent MLflow run inside the request: with
     MLflow away the submission hung in MLflow's client, then failed. The study's first job opens
-    it as it starts, with no database transaction open meanwhile: a job beside it starts."""
+    it as it starts, with no database transaction open meanwhile: a job beside it (in another
+    experiment, which it creates as it starts) is validated and waits on MLflow too."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")
     with socket.socket() as silent:  # accepts connections (the backlog), never answers
@@ -238,7 +238,8 @@ def test_a_study_is_accepted_while_mlflow_is_away(service_settings: Settings,
             study_job = response.json()["jobs"][0]["id"]
             wait_for(lambda: client.get(f"/v1/jobs/{study_job}", headers=alice).json()["status"]
                      == "PROVISIONING", 60, "the study's first job to wait on MLflow")
-            wait_status(client, alice, _submit(client, alice), "RUNNING", timeout_s=60)
+            wait_status(client, alice, _submit(client, alice, experiment="beside"),
+                        "PROVISIONING", timeout_s=60)
             silent.close()  # MLflow's client gives up: the study's jobs fail, nothing hangs
 
 
@@ -251,6 +252,41 @@ def test_a_studys_jobs_share_the_parent_run_their_first_start_opened(
     handles = [launcher.handle_for(job["id"]) for job in study["jobs"]]
     parent = client.get(f"/v1/studies/{study['id']}", headers=alice).json()["mlflow_run_id"]
     assert parent and [h.kwargs["parent_run_id"] for h in handles] == [parent, parent]
+
+
+def test_runs_a_stopped_server_opened_but_never_recorded_are_adopted_not_doubled(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher) -> None:
+    """`csx serve` killed after MLflow created a study's parent run (or a job's run) and before
+    the database recorded it: the next start opened another, leaving the first RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    from service.experiments import owned_experiment_id
+    from service.models import Study
+    from service.studies import open_parent_run
+    from tracking.tracker import create_run
+
+    settings = client.app.state.settings
+    settings.paused = True
+    study = client.post("/v1/studies", json=_study_body(), headers=alice).json()
+    first_job = study["jobs"][0]["id"]
+    with client.app.state.sessionmaker() as session:  # what the stopped server did
+        row = session.get(Study, study["id"])
+        experiment_id = owned_experiment_id(client.app.state.sessionmaker, settings,
+                                            owner_id=row.owner_id, owner_name="alice",
+                                            experiment=row.experiment)
+        left_parent = open_parent_run(settings, row, experiment_id)
+    left_run = create_run("unused", tracking_uri=settings.mlflow_tracking_uri,
+                          experiment_id=experiment_id, tags={"csx.job_id": str(first_job)})
+    settings.paused = False
+    client.app.state.scheduler.wake()
+    handles = [launcher.handle_for(job["id"]) for job in study["jobs"]]
+    assert [h.kwargs["parent_run_id"] for h in handles] == [left_parent, left_parent]
+    assert [h.kwargs["mlflow_run_id"] for h in handles] == [left_run, None]
+    assert client.get(f"/v1/studies/{study['id']}", headers=alice).json()["mlflow_run_id"] == (
+        left_parent)
+    parents = MlflowClient(settings.mlflow_tracking_uri).search_runs(
+        [experiment_id], "tags.`csx.role` = 'study'")
+    assert [run.info.run_id for run in parents] == [left_parent]
 
 
 def test_a_skipped_damaged_checkpoint_is_in_the_jobs_log(
@@ -269,3 +305,19 @@ def test_a_skipped_damaged_checkpoint_is_in_the_jobs_log(
     progress({"event": SKIPPED_CHECKPOINT, "reason": reason})
     assert reason in client.get(f"/v1/jobs/{job_id}/logs", headers=alice).text
     assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["progress"]["step"] == 3
+
+
+def test_a_start_removes_what_killed_checkpoint_writes_left(
+        service_settings: Settings) -> None:
+    """kill -9 during a checkpoint write left `.checkpoint_N.mdl.*.tmp` files (0 bytes, or a
+    partial checkpoint) in the job's model folder for ever; a start clears them, nothing else."""
+    model = service_settings.runs_dir / "job-7-0a1b2c3d" / "model"
+    model.mkdir(parents=True)
+    left = [model / ".checkpoint_8.mdl.k2j3x_a.tmp", model / ".checkpoint_8.mdl.sha256.q9z.tmp"]
+    kept = [model / "checkpoint_4.mdl", model / "checkpoint_4.mdl.sha256", model / ".notes.tmp",
+            service_settings.runs_dir / ".checkpoint_8.mdl.elsewhere.tmp"]
+    for path in left + kept:
+        path.write_bytes(b"")
+    with TestClient(create_app(service_settings, launcher=ScriptedLauncher())):
+        assert not [path for path in left if path.exists()]
+    assert all(path.exists() for path in kept)

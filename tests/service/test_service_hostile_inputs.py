@@ -299,3 +299,42 @@ def test_status_message_is_one_line_and_the_traceback_stays_in_the_log(
     assert message.endswith(f"(details: GET /v1/jobs/{job_id}/logs)")
     log = client.get(f"/v1/jobs/{job_id}/logs", headers=alice).text
     assert "Traceback (most recent call last)" in log and str(internal) in log
+
+
+@pytest.mark.parametrize("digits", [11, 8_000, 64_000])
+def test_an_id_of_thousands_of_digits_is_422_naming_it(client: TestClient, alice: dict[str, str],
+                                                       digits: int) -> None:
+    """Starlette converted any run of digits with int(), which refuses more than 4,300: 500."""
+    big = "9" * digits
+    for method, path, name in (
+            ("GET", f"/v1/jobs/{big}", "job_id"), ("GET", f"/v1/jobs/{big}/events", "job_id"),
+            ("GET", f"/v1/jobs/{big}/logs", "job_id"), ("POST", f"/v1/jobs/{big}:cancel", "job_id"),
+            ("POST", f"/v1/jobs/{big}:retry", "job_id"), ("GET", f"/v1/studies/{big}", "study_id"),
+            ("GET", f"/v1/studies/{big}/report.png", "study_id")):
+        answer = client.request(method, path, headers=alice)
+        assert answer.status_code == 422, path
+        assert answer.json()["detail"][0]["loc"] == ["path", name]
+    assert client.get(f"/v1/jobs?cursor={big}", headers=alice).status_code == 422
+
+
+def test_an_admin_lists_the_jobs_of_a_user_whose_token_was_deleted(
+        client: TestClient, alice: dict[str, str], bob: dict[str, str],
+        admin: dict[str, str]) -> None:
+    """A token row deleted by hand (a token could not be revoked) left its jobs without an
+    owner: the admin's listing answered 500."""
+    from sqlalchemy import text
+
+    _paused(client)
+    gone = client.post("/v1/jobs", json=job_body(), headers=bob).json()["id"]
+    kept = client.post("/v1/jobs", json=job_body(), headers=alice).json()["id"]
+    with client.app.state.sessionmaker() as session:
+        session.execute(text("PRAGMA foreign_keys=OFF"))
+        session.execute(text("DELETE FROM tokens WHERE name = 'bob'"))
+        session.commit()
+        session.execute(text("PRAGMA foreign_keys=ON"))
+    listed = client.get("/v1/jobs", headers=admin)
+    assert listed.status_code == 200, listed.text
+    owners = {job["id"]: job["owner"] for job in listed.json()["data"]}
+    assert owners[kept] == "alice" and owners[gone].startswith("(removed user ")
+    assert client.get(f"/v1/jobs/{gone}", headers=admin).status_code == 200
+    assert client.get("/v1/jobs?owner=bob", headers=admin).json()["data"] == []

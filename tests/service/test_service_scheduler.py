@@ -225,3 +225,64 @@ def test_restart_resumes_holding_jobs_and_keeps_queue(service_settings: Settings
         assert handle.kwargs["model_dir"] == str(
             job_folder(client, service_settings.runs_dir, ids["running"]) / "model")
         assert len(launcher.handles) == 1, "paused: only the resumed job runs"
+
+
+def test_a_job_whose_node_left_goes_back_to_the_queue_and_frees_the_rest(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher) -> None:
+    """One of two nodes dies under a 2-system job: the job used to wait for it (up to its
+    timeout, a day by default) holding both systems, /v1/cluster said `free -1`, and a
+    1-system job stayed QUEUED beside the idle node."""
+    from dataclasses import replace
+
+    settings = client.app.state.settings
+    two_nodes = replace(settings.cluster(), systems=2, nodes=2)
+    settings.read_cluster_from(lambda: two_nodes)
+    big = _submit(client, alice, num_csx=2)
+    first = launcher.handle_for(big)
+    wait_status(client, alice, big, "RUNNING")
+    one_node = replace(two_nodes, systems=1, nodes=1)
+    settings.read_cluster_from(lambda: one_node)  # the node is gone, and its worker with it
+    first.kwargs["progress"]({"event": "recovering", "failures": 1, "error": "node lost"})
+    small = _submit(client, alice, num_csx=1)
+    requeued = wait_status(client, alice, big, "QUEUED")
+    assert first.cancelled.is_set() and requeued["systems"] == []
+    assert "node" in requeued["status_message"]
+    wait_status(client, alice, small, "RUNNING")
+    cluster = client.get("/v1/cluster", headers=alice).json()
+    assert (cluster["size"], cluster["free"], cluster["queued"]) == (1, 0, 1)
+    settings.read_cluster_from(lambda: two_nodes)  # the node is back
+    launcher.handle_for(small).finish({})
+    launcher.handle_for(big, launch=2).finish({})
+    assert wait_status(client, alice, big, "SUCCEEDED")["attempt"] == 1
+    assert _statuses(client, alice, big)[-6:] == [
+        "RECOVERING", "QUEUED", "VALIDATING", "PROVISIONING", "RUNNING", "SUCCEEDED"]
+
+
+def test_a_cancel_racing_the_jobs_start_still_cancels_it(
+        client: TestClient, alice: dict[str, str], monkeypatch) -> None:
+    """Cancel-all of a long queue: the scheduler started a job between a cancel's read and its
+    write; the cancel answered 409 and the job ran on. A second cancel of a job already
+    stopping answered 409 too."""
+    from service.api.routes import jobs as routes
+
+    client.app.state.settings.paused = True  # the job starts only when the test says so
+    job_id = _submit(client, alice)
+    real_move = routes.move
+
+    def scheduler_first(session, job, target, **options):
+        monkeypatch.setattr(routes, "move", real_move)
+        with client.app.state.scheduler.sessions() as other:  # the scheduler's start
+            started = other.get(Job, job.id)
+            started.systems = [0]
+            real_move(other, started, JobStatus.VALIDATING, message="systems [0] reserved")
+            other.commit()
+        return real_move(session, job, target, **options)
+
+    monkeypatch.setattr(routes, "move", scheduler_first)
+    answer = client.post(f"/v1/jobs/{job_id}:cancel", headers=alice)
+    assert answer.status_code == 202 and answer.json()["status"] == "CANCELLING", answer.text
+    again = client.post(f"/v1/jobs/{job_id}:cancel", headers=alice)
+    assert again.status_code == 202, again.text
+    wait_status(client, alice, job_id, "CANCELLED")
+    assert _statuses(client, alice, job_id) == ["QUEUED", "VALIDATING", "CANCELLING",
+                                                "CANCELLED"]

@@ -88,6 +88,11 @@ def test_study_runs_every_algorithm_and_reports(ray_session: None,
         assert png.startswith(b"\x89PNG")
         image = client.get(f"/v1/studies/{study['id']}/report.png", headers=alice)
         assert image.headers["content-type"] == "image/png" and image.content == png
+        def logged() -> bool:  # by the scheduler, once every job ended
+            assert run_tags.flush(service_settings.mlflow_tracking_uri)
+            return mlflow.get_run(study["mlflow_run_id"]).info.status == "FINISHED"
+
+        wait_for(logged, 60, "the report on the parent run")
         artifacts = {a.path for a in mlflow.list_artifacts(study["mlflow_run_id"])}
         assert {"study_report.json", "study_perplexity.png", "study_tradeoff.png",
                 "study_summary.csv", "study_spec.json"} <= artifacts

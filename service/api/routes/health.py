@@ -40,6 +40,7 @@ def cluster(session: SessionDep, user: CurrentUser, settings: SettingsDep) -> Cl
     held = crud.held_systems(session)
     size = settings.systems
     systems = [ClusterSystem(id=i, job_id=held.get(i)) for i in range(size)]
-    return ClusterPublic(size=size, free=size - len(held),
+    # Held ids past `size` belong to systems a lost node took (their jobs give them back).
+    return ClusterPublic(size=size, free=sum(i not in held for i in range(size)),
                          paused=settings.paused, queued=crud.queued_count(session),
                          systems=systems)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from service import crud, joblogs
@@ -18,6 +22,7 @@ from service.api.body import (
     validate,
 )
 from service.api.deps import CurrentUser, OwnedJob, SchedulerDep, SessionDep, SettingsDep
+from service.crud import Caller
 from service.jobs import (
     ResolvedFiles,
     SubmissionError,
@@ -30,6 +35,7 @@ from service.jobs import (
     to_public,
 )
 from service.models import IdempotencyKey
+from service.settings import Settings
 from service.schemas import (
     MAX_ID,
     NO_NUL,
@@ -42,6 +48,7 @@ from service.schemas import (
 )
 from service.states import IllegalTransition, JobStatus, move
 from csx_config import JobSpec
+from csx_config.keys import format_problems
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 IdempotencyKeyHeader = Annotated[
@@ -52,9 +59,9 @@ IdempotencyKeyHeader = Annotated[
 Parsed = tuple[dict[str, Any], JobCreate, ResolvedFiles]  # body, schema, files it reads
 
 
-async def _parse_job(request: Request, settings: SettingsDep, session: SessionDep,
-                     user: CurrentUser) -> Parsed:
-    data = nest_params(await read_mapping(request), JobCreate)
+def _checked(data: dict[str, Any], settings: Settings, session: Session,
+             user: Caller) -> Parsed:
+    """Validate a submission and resolve the files it reads (database queries: in a thread)."""
     job_in = validate(JobCreate, data)
     try:
         files = check_submission(job_in, job_in.params, settings, session=session,
@@ -62,6 +69,12 @@ async def _parse_job(request: Request, settings: SettingsDep, session: SessionDe
     except SubmissionError as err:
         raise unprocessable(err.problems) from None
     return data, job_in, files
+
+
+async def _parse_job(request: Request, settings: SettingsDep, session: SessionDep,
+                     user: CurrentUser) -> Parsed:
+    data = nest_params(await read_mapping(request), JobCreate)
+    return await run_in_threadpool(_checked, data, settings, session, user)
 
 
 # Validation builds a model with torch (up to seconds): its handler is a plain function so that
@@ -72,12 +85,19 @@ ParsedJob = Annotated[Parsed, Depends(_parse_job)]
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobPublic,
              openapi_extra=request_body_openapi("JobCreate"),
              responses={409: {"description": "Idempotency-Key reused with another body"}})
-async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
+async def submit_job(parsed: ParsedJob, session: SessionDep, user: CurrentUser,
                      settings: SettingsDep, scheduler: SchedulerDep,
                      idempotency_key: IdempotencyKeyHeader = None) -> Response:
-    # Async on purpose: its few SQLite writes then run one at a time on the event loop, which
-    # measured faster than thread-pool handlers contending for SQLite's write lock.
-    data, job_in, files = await _parse_job(request, settings, session, user)
+    # The body is read on the event loop; validating and storing it (database round trips on
+    # PostgreSQL) happen in the thread pool, where waiting holds up no other request.
+    answer = await run_in_threadpool(_store, parsed, session, user, settings, idempotency_key)
+    scheduler.wake()
+    return answer
+
+
+def _store(parsed: Parsed, session: Session, user: Caller, settings: Settings,
+           idempotency_key: str | None) -> Response:
+    data, job_in, files = parsed
     body_hash = crud.request_hash(data)
     if idempotency_key is not None:
         replay = _replay(session, user, idempotency_key, body_hash)
@@ -98,7 +118,6 @@ async def submit_job(request: Request, session: SessionDep, user: CurrentUser,
         if replay is None:
             raise
         return replay
-    scheduler.wake()
     return Response(public.model_dump_json(), status.HTTP_201_CREATED,
                     headers={"Location": f"/v1/jobs/{job['id']}"}, media_type="application/json")
 
@@ -152,55 +171,84 @@ def list_jobs(
     return JobsPage(data=data, count=len(data), next_cursor=next_cursor)
 
 
-@router.get("/{job_id:int}", response_model=JobDetail)
+@router.get("/{job_id:id}", response_model=JobDetail)
 def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobDetail:
     return to_detail(session, job, settings)
 
 
-@router.get("/{job_id:int}/events", response_model=JobEventsPage)
+@router.get("/{job_id:id}/events", response_model=JobEventsPage)
 def get_job_events(job: OwnedJob) -> JobEventsPage:
     return JobEventsPage.model_validate({"data": job.events, "count": len(job.events)})
 
 
-@router.get("/{job_id:int}/logs", response_class=PlainTextResponse)
+@router.get("/{job_id:id}/logs", response_class=PlainTextResponse)
 def get_job_logs(job: OwnedJob, settings: SettingsDep,
-                 tail: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> str:
-    return joblogs.tail(joblogs.job_dir(settings.runs_dir, job.id, job.run_key), tail)
+                 tail: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> StreamingResponse:
+    """The log's last `tail` lines, streamed (its database slot is free before it is sent)."""
+    return StreamingResponse(joblogs.tail(joblogs.job_dir(settings.runs_dir, job.id,
+                                                          job.run_key), tail),
+                             media_type="text/plain; charset=utf-8")
 
 
-@router.post("/{job_id:int}:cancel", status_code=status.HTTP_202_ACCEPTED,
+@router.post("/{job_id:id}:cancel", status_code=status.HTTP_202_ACCEPTED,
              response_model=JobPublic, responses={409: {"description": "illegal transition"}})
 def cancel_job(job: OwnedJob, user: CurrentUser, session: SessionDep, settings: SettingsDep,
                scheduler: SchedulerDep) -> JobPublic:
-    # Nothing runs for a queued job, so it is cancelled at once; others stop via CANCELLING.
-    target = JobStatus.CANCELLED if job.status == JobStatus.QUEUED else JobStatus.CANCELLING
+    def target(current: JobStatus) -> JobStatus | None:
+        # Nothing runs for a queued job, so it is cancelled at once; others stop via
+        # CANCELLING, and one stopping already needs nothing more.
+        if current is JobStatus.CANCELLING:
+            return None
+        return JobStatus.CANCELLED if current is JobStatus.QUEUED else JobStatus.CANCELLING
+
     _move(session, job, target, f"cancel requested by {user.name}", settings)
     scheduler.wake()
     return to_public(session, job, settings)
 
 
-@router.post("/{job_id:int}:retry", status_code=status.HTTP_202_ACCEPTED,
+@router.post("/{job_id:id}:retry", status_code=status.HTTP_202_ACCEPTED,
              response_model=JobPublic, responses={409: {"description": "illegal transition"}})
 def retry_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
               scheduler: SchedulerDep) -> JobPublic:
-    """Queue a failed or cancelled job again, if it still fits the cluster's memory."""
-    problems = memory_problems(JobSpec.model_validate(job.params), job.num_csx, settings)
+    """Queue a failed or cancelled job again, if its stored params still validate and fit
+    the cluster's memory."""
+    try:
+        spec = JobSpec.model_validate(job.params)
+    except ValidationError as err:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} cannot run again: its "
+                            f"stored params no longer validate ({format_problems(err)}); "
+                            "submit them again as they are meant now") from None
+    problems = memory_problems(spec, job.num_csx, settings)
     if problems:
         raise unprocessable(problems, prefix=("job",))
-    _move(session, job, JobStatus.QUEUED, f"retry (attempt {job.attempt + 1})", settings)
+    _move(session, job, lambda _: JobStatus.QUEUED, f"retry (attempt {job.attempt + 1})",
+          settings)
     scheduler.wake()
     return to_public(session, job, settings)
 
 
-def _move(session: SessionDep, job: Any, target: JobStatus, message: str,
-          settings: SettingsDep) -> None:
-    try:
-        move(session, job, target, message=message,
-             mlflow_tracking_uri=settings.mlflow_tracking_uri)
-        session.commit()
-    except IllegalTransition as err:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
-    except StaleDataError:
-        session.rollback()
-        message = f"job {job.id} changed state meanwhile; read it and try again"
-        raise HTTPException(status.HTTP_409_CONFLICT, message) from None
+# A request's move retried when the scheduler moved the job between its read and its write.
+MOVE_TRIES = 5
+
+
+def _move(session: SessionDep, job: Any, target: Callable[[JobStatus], JobStatus | None],
+          message: str, settings: SettingsDep) -> None:
+    """Move the job to `target(its status)` (None: nothing to do). When the scheduler moved
+    it meanwhile (optimistic locking), read it again and decide again: a cancel racing the
+    job's start used to answer 409 and leave the job to run."""
+    for _ in range(MOVE_TRIES):
+        to = target(JobStatus(job.status))
+        if to is None:
+            return
+        try:
+            move(session, job, to, message=message,
+                 mlflow_tracking_uri=settings.mlflow_tracking_uri)
+            session.commit()
+            return
+        except IllegalTransition as err:
+            session.rollback()
+            raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
+        except StaleDataError:
+            session.rollback()  # expires the job: the next read is the database's
+    raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} kept changing state; read "
+                                                  "it and try again")

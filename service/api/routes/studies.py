@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import base64
-
 from fastapi import APIRouter, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
 from service import crud
 from service.api.body import (
@@ -15,10 +15,13 @@ from service.api.body import (
     validate,
 )
 from service.api.deps import CurrentUser, OwnedStudy, SchedulerDep, SessionDep, SettingsDep
+from service.crud import Caller
 from service.full_size import full_size_request
 from service.jobs import SubmissionError, check_submission, job_fields, mlflow_url, to_public
 from service.schemas import StudyCreate, StudyPublic, StudyReport
-from service.studies import build_report, study_jobs, study_status, variant_spec
+from service.settings import Settings
+from service.studies import study_jobs, study_status, variant_spec
+from service.study_reports import PERPLEXITY_FIGURE, RenderedReport, rendered_report
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -28,6 +31,14 @@ router = APIRouter(prefix="/studies", tags=["studies"])
 async def create_study(request: Request, session: SessionDep, user: CurrentUser,
                        settings: SettingsDep, scheduler: SchedulerDep) -> StudyPublic:
     body = nest_params(await read_mapping(request), StudyCreate)
+    # Validating every variant and storing the study (database round trips) in the thread
+    # pool: on the event loop they held up every other request meanwhile.
+    study = await run_in_threadpool(_store, body, session, user, settings)
+    scheduler.wake()
+    return study
+
+
+def _store(body: dict, session: Session, user: Caller, settings: Settings) -> StudyPublic:
     study_in = validate(StudyCreate, body)
     specs = []
     jobs = study_jobs(study_in)
@@ -58,30 +69,35 @@ async def create_study(request: Request, session: SessionDep, user: CurrentUser,
         crud.add_job(session, owner=user, study_id=study.id, **fields)
     session.commit()
     session.refresh(study)
-    scheduler.wake()
     return _public(session, study, settings)
 
 
-@router.get("/{study_id:int}", response_model=StudyPublic)
+@router.get("/{study_id:id}", response_model=StudyPublic)
 def get_study(study: OwnedStudy, session: SessionDep, settings: SettingsDep) -> StudyPublic:
     return _public(session, study, settings)
 
 
-@router.get("/{study_id:int}/report", response_model=StudyReport)
-def get_study_report(study: OwnedStudy, settings: SettingsDep) -> StudyReport:
+@router.get("/{study_id:id}/report", response_model=StudyReport)
+def get_study_report(study: OwnedStudy, session: SessionDep) -> StudyReport:
     """Final/best eval perplexity, projected CS-2 speed-up, wall time and status per variant,
     plus perplexity curves as a base64 PNG; logged to the parent run once all jobs end."""
-    return build_report(settings, study)
+    return _rendered(study, session).report
 
 
-@router.get("/{study_id:int}/report.png", response_class=Response,
+@router.get("/{study_id:id}/report.png", response_class=Response,
             responses={200: {"content": {"image/png": {}}}, 404: {"description": "no curves yet"}})
-def get_study_report_png(study: OwnedStudy, settings: SettingsDep) -> Response:
-    report = build_report(settings, study)
-    if report.png_base64 is None:
+def get_study_report_png(study: OwnedStudy, session: SessionDep) -> Response:
+    png = _rendered(study, session).figures.get(PERPLEXITY_FIGURE)
+    if png is None:
         return Response(b'{"detail":"no evaluation has finished yet"}', status.HTTP_404_NOT_FOUND,
                         media_type="application/json")
-    return Response(base64.b64decode(report.png_base64), media_type="image/png")
+    return Response(png, media_type="image/png")
+
+
+def _rendered(study: OwnedStudy, session: SessionDep) -> RenderedReport:
+    study.jobs  # noqa: B018 -- loaded now, kept by the closed session: the connection
+    session.close()  # goes back to the pool before the drawing
+    return rendered_report(study)
 
 
 def _public(session: SessionDep, study: OwnedStudy, settings: SettingsDep) -> StudyPublic:

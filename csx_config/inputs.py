@@ -105,7 +105,7 @@ class InputSpec(Section):
     def _transforms_built(cls, value: Any) -> Any:
         for index, transform in enumerate(value if isinstance(value, list) else []):
             name = transform.get("name") if isinstance(transform, dict) else None
-            if name in TRANSFORMS_NOT_BUILT:
+            if isinstance(name, str) and name in TRANSFORMS_NOT_BUILT:  # any other: the Literal refuses it
                 raise ValueError(f"data_transforms[{index}]: {TRANSFORMS_NOT_BUILT[name]} is not supported here")
         return value
 

@@ -133,7 +133,7 @@ def test_the_num_csx_option_decides_the_split(client: TestClient, alice: dict[st
     response = client.post("/v1/studies", json={**body, "num_csx": 4}, headers=alice)
     assert response.status_code == 422, response.text
     message = response.json()["detail"][0]["msg"]
-    assert "variants[0] (sparse).batch_size" in message and "num_csx=4" in message
+    assert "variants[0] (sparse).batch_size" in message and "num_csx (4)" in message
 
 
 def test_the_service_submits_each_variant_with_its_own_batch_and_steps(client: TestClient,

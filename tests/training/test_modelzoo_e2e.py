@@ -41,17 +41,19 @@ def _run(params: Path, model_dir: Path, overrides: list[str], capsys, num_csx: i
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("params, extra", [
-    ("params_gpt3_125m_rigl75.yaml", []),
-    ("params_llama2_7b_rigl80.yaml", ["--set", "model.rotary_dim=16"]),
+@pytest.mark.parametrize("params, extra, initial", [
+    ("params_gpt3_125m_rigl75.yaml", [], []),
+    # the published Llama-2 file asks for runconfig.save_initial_checkpoint
+    ("params_llama2_7b_rigl80.yaml", ["--set", "model.rotary_dim=16"], ["checkpoint_0.mdl"]),
 ])
-def test_scaled_down_modelzoo_file_trains_checkpoints_and_resumes(params, extra, hdf5_data, tmp_path,
+def test_scaled_down_modelzoo_file_trains_checkpoints_and_resumes(params, extra, initial, hdf5_data, tmp_path,
                                                                    tracking_uri, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
     model_dir = tmp_path / "run"
     first = _run(MODELZOO / params, model_dir, _proxy(hdf5_data, 4) + extra, capsys, num_csx=2)
     assert first["steps"] == 4 and first["num_csx"] == 2
-    assert sorted(p.name for p in model_dir.glob("checkpoint_*.mdl")) == ["checkpoint_2.mdl", "checkpoint_4.mdl"]
+    assert sorted(p.name for p in model_dir.glob("checkpoint_*.mdl")) == [*initial, "checkpoint_2.mdl",
+                                                                          "checkpoint_4.mdl"]
     run = MlflowClient(tracking_uri=tracking_uri).get_run(first["run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.params["model.hidden_size"] == "32" and run.data.params["num_csx"] == "2"

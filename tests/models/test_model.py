@@ -10,6 +10,7 @@ import torch
 
 from models.config import ModelConfig, preset_config
 from models.positions import apply_rope, rope_tables
+from models import transformer
 from models.transformer import build_model
 from csx_config import PRESETS, PresetName
 
@@ -150,6 +151,31 @@ def test_meta_build_allocates_nothing_for_a_7b_model():
     model = build_model(llama2_7b, seed=0, device="meta")
     assert model.num_parameters() == 6_738_415_616  # Llama-2 7B
     assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_a_meta_build_skips_only_the_fills_of_meta_tensors_and_only_in_its_thread():
+    """The meta build skips torch's initial fills (half its time); the shapes are a real
+    model's, and a model built meanwhile in another thread is drawn as always."""
+    import threading
+
+    real = build_model(TINY, seed=3)
+    drawn_meanwhile: list[torch.nn.Module] = []
+    started, release = threading.Event(), threading.Event()
+
+    def build_in_another_thread() -> None:
+        started.wait(10)
+        drawn_meanwhile.append(build_model(TINY, seed=3))
+        release.set()
+
+    thread = threading.Thread(target=build_in_another_thread)
+    thread.start()
+    with torch.device("meta"), transformer._ShapesOnly():  # the meta build's context, held
+        started.set()
+        assert release.wait(60)
+        meta = transformer.Transformer(TINY)
+    thread.join()
+    assert [(n, p.shape) for n, p in meta.named_parameters()] == [(n, p.shape) for n, p in real.named_parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(real.state_dict().values(), drawn_meanwhile[0].state_dict().values()))
 
 
 def test_bad_config_names_the_field():

@@ -327,14 +327,16 @@ def test_study_through_the_compose_topology(topology: Topology,
         assert job.result["final_eval_perplexity"] > 1
 
     # MLflow, through its REST API: the parent run and one nested run per variant.
-    # csx.status tags are applied by the server's tagging thread, moments after the move.
+    # csx.status tags are applied by the server's tagging thread, moments after the move, and
+    # the scheduler logs the finished study's report and ends its parent run at a later tick.
     def tagged() -> tuple[str, list[dict]] | None:
         found = mlflow_runs(topology)
         variants = [run for run in found[1] if run["id"] != row.mlflow_run_id]
-        return found if all(run["tags"].get("csx.status") == "SUCCEEDED"
-                            for run in variants) else None
+        parents = [run for run in found[1] if run["id"] == row.mlflow_run_id]
+        done = all(run["tags"].get("csx.status") == "SUCCEEDED" for run in variants)
+        return found if done and parents and parents[0]["status"] == "FINISHED" else None
 
-    experiment_id, runs = wait_for(tagged, 60, "csx.status tags on every run")
+    experiment_id, runs = wait_for(tagged, 60, "csx.status tags on every run, the parent run ended")
     anonymous = httpx.get(f"{topology.mlflow_url}/api/2.0/mlflow/experiments/get",
                           params={"experiment_id": experiment_id}, timeout=30)
     assert anonymous.status_code == 401

@@ -238,9 +238,10 @@ async def load(base: str, tokens: dict[str, str], folder: Path, url: str, client
                 latencies[name].append(time.perf_counter() - started)
                 codes[name][code] += 1
 
-        started, cpu = time.perf_counter(), server_cpu()
+        started, cpu, own_cpu = time.perf_counter(), server_cpu(), time.process_time()
         await asyncio.gather(*(client() for _ in range(clients)))
         wall, cpu = time.perf_counter() - started, server_cpu() - cpu
+        own_cpu = time.process_time() - own_cpu
         left = await cancel_all(http, root)
     every = sorted(t for values in latencies.values() for t in values)
     per_route = {name: {"n": len(latencies[name]), "p50_ms": ms(latencies[name], 0.5),
@@ -251,6 +252,8 @@ async def load(base: str, tokens: dict[str, str], folder: Path, url: str, client
             "p50_ms": ms(every, 0.5), "p99_ms": ms(every, 0.99),
             "server_cpu_ms_per_request": round(1000 * cpu / max(1, len(every)), 2),
             "server_cpu_share": round(cpu / wall, 2),
+            # The clients share the machine's cores: what they take, the server cannot have.
+            "client_cpu_share": round(own_cpu / wall, 2),
             "timeouts": all_codes[-1], "resets": all_codes[0], "reset_kinds": dict(resets),
             "bad_5xx": sum(n for code, n in all_codes.items() if code >= 500 and code != 503),
             "answers_503": all_codes[503], **left, "routes": per_route}
@@ -313,7 +316,8 @@ def run_backend(backend: str, clients: int, seconds: float, job_s: float,
     print(f"{backend}: {result['requests']} requests from {clients} clients in {seconds:g} s "
           f"({result['req_per_s']} req/s): p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
           f"server CPU {result['server_cpu_ms_per_request']} ms/request "
-          f"({result['server_cpu_share']} of a core), "
+          f"({result['server_cpu_share']} of a core; the clients "
+          f"{result['client_cpu_share']}), "
           f"{result['timeouts']} timeouts, {result['resets']} resets {result['reset_kinds']}, "
           f"{result['bad_5xx']} x 5xx "
           f"(503: {result['answers_503']}); cancel-all of {result['cancelled']}: "

@@ -188,15 +188,26 @@ class Transformer(nn.Module):
 
 class _ShapesOnly(torch.overrides.TorchFunctionMode):
     """Skips the fills torch's own modules draw their initial weights with (nn.Linear's
-    kaiming_uniform_, nn.Embedding's normal_) on meta tensors, which hold no values: on meta
-    they run torch's Python reference kernels, half the time of building a model's shapes,
-    and a plan builds one at every admission. A mode, so other threads' models are untouched."""
+    kaiming_uniform_, nn.Embedding's normal_, our initializers' truncated normals) on meta
+    tensors, which hold no values: on meta they run torch's Python reference kernels, most of
+    the time of building a model's shapes, and a plan builds one at every admission. The
+    nn.init functions are caught whole: torch hands them to a mode before their own tensor ops,
+    which run with the mode set aside. Only value-writing ops: shape-changing in-place ops
+    (resize_, t_, ...) and requires_grad_ still run. A mode, so other threads' models are
+    untouched."""
 
-    FILLS = frozenset({torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.fill_, torch.Tensor.zero_})
+    FILLS = frozenset({
+        torch.nn.init.uniform_, torch.nn.init.normal_, torch.nn.init.constant_,
+        torch.nn.init.kaiming_uniform_,
+        *(getattr(torch.Tensor, name) for name in (
+            "uniform_", "normal_", "fill_", "zero_", "erfinv_", "mul_", "add_", "clamp_"))})
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self.FILLS and args[0].is_meta:
-            return args[0]
+        if func in self.FILLS:
+            # nn.init passes its tensor by keyword, Tensor methods positionally
+            tensor = args[0] if args else (kwargs or {})["tensor"]
+            if tensor.is_meta:
+                return tensor
         return func(*args, **(kwargs or {}))
 
 

@@ -132,21 +132,34 @@ def mlflow_url(settings: Settings, experiment_id: str | None, run_id: str | None
     return f"{settings.mlflow_ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
-def job_public(session: Session, job: Mapping[str, Any], owner: str,
-               settings: Settings) -> JobPublic:
+def job_public(job: Mapping[str, Any], owner: str, settings: Settings,
+               queue_position: int | None) -> JobPublic:
     """The public view of a job from its column values: an ORM Job's (`to_public`) or the row
     a submission's INSERT returned, so a new job is shown without reading it back."""
     return JobPublic.model_validate({
         **{name: job[name] for name in _PUBLIC_COLUMNS},
         "owner": owner,
-        "queue_position": crud.queue_position(session, job=job),
+        "queue_position": queue_position,
         "mlflow_url": mlflow_url(settings, job["mlflow_experiment_id"], job["mlflow_run_id"]),
     })
 
 
 def to_public(session: Session, job: Job, settings: Settings) -> JobPublic:
-    columns = {name: getattr(job, name) for name in _PUBLIC_COLUMNS}
-    return job_public(session, columns, owner_name(job), settings)
+    columns = _columns(job)
+    return job_public(columns, owner_name(job), settings,
+                      crud.queue_position(session, job=columns))
+
+
+def to_public_list(session: Session, jobs: list[Job], settings: Settings) -> list[JobPublic]:
+    """to_public of each job, their queue positions read at once."""
+    columns = [_columns(job) for job in jobs]
+    positions = crud.queue_positions(session, jobs=columns)
+    return [job_public(c, owner_name(job), settings, positions.get(c["id"]))
+            for job, c in zip(jobs, columns)]
+
+
+def _columns(job: Job) -> dict[str, Any]:
+    return {name: getattr(job, name) for name in _PUBLIC_COLUMNS}
 
 
 def to_detail(session: Session, job: Job, settings: Settings) -> JobDetail:

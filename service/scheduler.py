@@ -237,12 +237,18 @@ class Scheduler:
             # One read of the jobs holding systems serves the tick's steps (each step reads
             # their status again: an earlier one may have moved them).
             holding = crud.jobs_in(session, statuses=HOLDING)
+            held_ids = {job.id for job in holding}
             self._forward_stops(session, holding)
             self._give_back_lost_systems(holding)
             if not self.settings.paused:
                 self._start_queued(session, [job for job in holding if job.status in HOLDING])
             self._report_finished_studies(session)
-        self._adopt_orphans("its execution was lost")
+        # Read the holding jobs again only if one had no execution here: an execution that
+        # ended without recording its outcome (its row still holds systems) is then adopted.
+        with self._executions_lock:
+            untracked = held_ids - set(self._executions)
+        if untracked:
+            self._adopt_orphans("its execution was lost")
         self.last_tick_ok = time.monotonic()
 
     def _take_lease(self) -> bool:

@@ -110,7 +110,7 @@ def build_sparse_model(config: ModelConfig, sparsity_section: Any, *, seed: int,
 
     algorithm = sparsity.configure(sparsity_section)  # checks the section as written
     if device == "meta":
-        # A meta tensor has no values to draw a mask from: all-True masks of the right shape;
+        # A meta tensor has no values to draw a mask from: masks of the right shape only;
         # plans read the per-layer targets, never the masks.
         algorithm = sparsity.configure(with_defaults(sparsity_section, {"init_method": _shape_only_mask},
                                                      override=True))
@@ -119,7 +119,8 @@ def build_sparse_model(config: ModelConfig, sparsity_section: Any, *, seed: int,
 
 
 def _shape_only_mask(param: torch.Tensor, _sparsity: float, _generator: torch.Generator) -> torch.Tensor:
-    return torch.ones_like(param, dtype=torch.bool)
+    # empty, not ones_like: meta has no values, and ones_like runs torch's Python reference
+    return torch.empty(param.shape, dtype=torch.bool, device=param.device)
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:

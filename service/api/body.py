@@ -17,6 +17,7 @@ from fastapi import HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from csx_config.spec import YAML_LOADER
 from service.preflight import Problem
 
 JSON_TYPES = ("application/json",)
@@ -29,8 +30,6 @@ MAX_NODES = 20_000
 MAX_PARSE_S = 2.0
 PARSE_THREADS = {"small": 8, "large": 2}
 SMALL_BODY_BYTES = 256 * 1024  # a params file is a few kB
-# libyaml's parser (C) when PyYAML has it: the pure-Python one is some ten times slower.
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 NUL_MESSAGE = "must not contain NUL (\\x00) characters"
 MAX_INT = 2**63 - 1  # a 64-bit signed integer: what every backend stores
 

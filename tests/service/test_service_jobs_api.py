@@ -176,6 +176,10 @@ def test_queue_positions_follow_priority_then_fifo(client: TestClient, alice: di
     positions = {j["id"]: client.get(f"/v1/jobs/{j['id']}", headers=alice).json()["queue_position"]
                  for j in (low, high, low2)}
     assert positions == {high["id"]: 1, low["id"]: 2, low2["id"]: 3}
+    # A listing reads every position in one query: the same places, a cancelled job none.
+    client.post(f"/v1/jobs/{low['id']}:cancel", headers=alice)
+    listed = {j["id"]: j["queue_position"] for j in client.get("/v1/jobs", headers=alice).json()["data"]}
+    assert listed == {high["id"]: 1, low["id"]: None, low2["id"]: 2}
 
 
 def test_cluster_reports_size_and_queue(client: TestClient, alice: dict[str, str]) -> None:

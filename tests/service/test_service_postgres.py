@@ -41,6 +41,8 @@ def test_postgres_api_round_trip(postgres_url: str, tmp_path: Path, mlflow_uri: 
         positions = [client.get(f"/v1/jobs/{i}", headers=alice).json()["queue_position"]
                      for i in ids]
         assert positions == [5, 4, 3, 2, 1]  # higher priority first
+        listed = client.get("/v1/jobs", headers=alice).json()["data"]  # one window query
+        assert [j["queue_position"] for j in listed] == [1, 2, 3, 4, 5]
         cancelled = client.post(f"/v1/jobs/{ids[0]}:cancel", headers=alice).json()
         assert cancelled["status"] == "CANCELLED" and cancelled["finished_at"].endswith("Z")
         assert client.post(f"/v1/jobs/{ids[0]}:cancel", headers=alice).status_code == 409

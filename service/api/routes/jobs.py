@@ -33,6 +33,7 @@ from service.jobs import (
     resolve_num_csx,
     to_detail,
     to_public,
+    to_public_list,
 )
 from service.models import IdempotencyKey
 from service.settings import Settings
@@ -105,7 +106,7 @@ def _store(parsed: Parsed, session: Session, user: Caller, settings: Settings,
             return replay
     fields = job_fields(job_in, job_in.params, settings, name=job_in.name, files=files)
     job = crud.add_job(session, owner=user, **fields)
-    public = job_public(session, job, user.name, settings)
+    public = job_public(job, user.name, settings, crud.queue_position(session, job=job))
     if idempotency_key is not None:
         session.add(IdempotencyKey(owner_id=user.id, key=idempotency_key, request_hash=body_hash,
                                    job_id=job["id"], response=public.model_dump(mode="json")))
@@ -167,7 +168,7 @@ def list_jobs(
 ) -> JobsPage:
     jobs, next_cursor = crud.list_jobs(session, owner=user, limit=limit, cursor=cursor,
                                        status=status_, experiment=experiment, owner_name=owner)
-    data = [to_public(session, job, settings) for job in jobs]
+    data = to_public_list(session, jobs, settings)
     return JobsPage(data=data, count=len(data), next_cursor=next_cursor)
 
 

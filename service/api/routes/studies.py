@@ -17,7 +17,7 @@ from service.api.body import (
 from service.api.deps import CurrentUser, OwnedStudy, SchedulerDep, SessionDep, SettingsDep
 from service.crud import Caller
 from service.full_size import full_size_request
-from service.jobs import SubmissionError, check_submission, job_fields, mlflow_url, to_public
+from service.jobs import SubmissionError, check_submission, job_fields, mlflow_url, to_public_list
 from service.schemas import StudyCreate, StudyPublic, StudyReport
 from service.settings import Settings
 from service.studies import study_jobs, study_status, variant_spec
@@ -105,5 +105,5 @@ def _public(session: SessionDep, study: OwnedStudy, settings: SettingsDep) -> St
         id=study.id, name=study.name, experiment=study.experiment, status=study_status(study),
         mlflow_run_id=study.mlflow_run_id,
         mlflow_url=mlflow_url(settings, study.mlflow_experiment_id, study.mlflow_run_id),
-        created_at=study.created_at, jobs=[to_public(session, j, settings) for j in study.jobs],
+        created_at=study.created_at, jobs=to_public_list(session, study.jobs, settings),
     )

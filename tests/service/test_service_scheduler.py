@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from fastapi.testclient import TestClient
 
 from service import run_tags
@@ -279,10 +281,20 @@ def test_a_cancel_racing_the_jobs_start_still_cancels_it(
         return real_move(session, job, target, **options)
 
     monkeypatch.setattr(routes, "move", scheduler_first)
+    # No scheduler pass between the two cancels: the job has no execution, so the next pass
+    # cancels it at once, and a second cancel of a CANCELLED job rightly answers 409. A pass
+    # that is a no-op has run once the tick in progress, if any, ended.
+    scheduler = client.app.state.scheduler
+    passed = threading.Event()
+    monkeypatch.setattr(scheduler, "tick", passed.set)
+    scheduler.wake()
+    assert passed.wait(30), "the scheduler made no pass"
     answer = client.post(f"/v1/jobs/{job_id}:cancel", headers=alice)
     assert answer.status_code == 202 and answer.json()["status"] == "CANCELLING", answer.text
     again = client.post(f"/v1/jobs/{job_id}:cancel", headers=alice)
     assert again.status_code == 202, again.text
+    monkeypatch.delattr(scheduler, "tick")  # the class's again: the stop is forwarded
+    scheduler.wake()
     wait_status(client, alice, job_id, "CANCELLED")
     assert _statuses(client, alice, job_id) == ["QUEUED", "VALIDATING", "CANCELLING",
                                                 "CANCELLED"]

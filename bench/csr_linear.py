@@ -78,14 +78,16 @@ RESULTS = Path(__file__).resolve().parent / "results" / "csr_linear.json"
 
 def load_before(commit: str):
     """`commit`'s simulator.csr as the package `simulator_before` (its files from git, the
-    imports between them renamed; also its layers, for ``simulator_before.layers``), so both
+    imports between them renamed), so both
     versions' kernels run in one process; with $CSX_KERNEL_ARCH set, both are built for that
     target."""
     root = Path(tempfile.mkdtemp(prefix="csx-before-"))
     package = root / "simulator_before"
     package.mkdir()
     repo = Path(__file__).resolve().parents[1]
-    for name in ("__init__.py", "csr.py", "native.py", "_kernels.c", "crossover.py", "layers.py"):
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{commit}:simulator"], cwd=repo,
+                           check=True, capture_output=True, text=True).stdout.split()
+    for name in (n for n in names if n.endswith((".py", ".c"))):
         text = subprocess.run(["git", "show", f"{commit}:simulator/{name}"], cwd=repo,
                               check=True, capture_output=True, text=True).stdout
         if name == "__init__.py":

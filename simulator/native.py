@@ -47,6 +47,7 @@ COMPILE_TIMEOUT_S = 120
 # Handing work to another thread costs microseconds, about this many multiply-adds: smaller
 # calls run on the calling thread alone.
 WORK_PER_EXTRA_THREAD = 1 << 18
+MAX_KERNEL_THREADS = 64  # MAX_THREADS in _kernels.c: the C side never runs more
 # Kernel outputs (Y, dX, packed activations, values, weight gradients) come from a pool of
 # buffers that nothing outside the pool references any more, instead of fresh tensors: fresh
 # pages fault on first touch, measured 14 ms for a 32 MiB Y on a 2-core VM (4096 outputs x 2048
@@ -382,16 +383,18 @@ class KernelLibrary:
         grad_values = self.pool.take((length or nnz,), dtype)
         grad_values[nnz:].zero_()
         scratch = self.pool.take((nnz,), dtype)
-        buffers = self.pool.take((2 * blocks_per_pass, out_features, self.block_tokens), dtype)
+        threads = threads or self.threads_for(2 * nnz * packed_x.shape[0] * self.block_tokens)
+        threads = max(1, min(threads, MAX_KERNEL_THREADS, in_features))
+        # one group of packed upstream blocks per thread: each packs all of it for itself
+        buffers = self.pool.take((threads * blocks_per_pass, out_features, self.block_tokens),
+                                 dtype)
         sums = self.pool.take((out_features,), dtype) if column_sums else None
         self._fn("backward", dtype)(
             indptr_t.data_ptr(), cols_t.data_ptr(), vals_t.data_ptr(),
             transpose_order.data_ptr(), in_features, out_features, grad_y.data_ptr(),
             None if sums is None else sums.data_ptr(), packed_x.data_ptr(), tokens,
             grad_x.data_ptr(), scratch.data_ptr(), grad_values.data_ptr(), buffers.data_ptr(),
-            blocks_per_pass,
-            threads or self.threads_for(2 * nnz * packed_x.shape[0] * self.block_tokens),
-            int(stream), prefetch)
+            blocks_per_pass, threads, int(stream), prefetch)
         return grad_x, grad_values, sums
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import json
 import math
 import os
@@ -51,7 +52,7 @@ import torch.nn.functional as F
 
 from simulator.cpu import cpu_model, summary
 from simulator.csr import Backend, CSRStructure, csr_linear, resolve_backend, weight_values
-from simulator.native import ALL_VARIANTS, DEFAULT_VARIANT, KernelVariant
+from simulator.native import ALL_VARIANTS, DEFAULT_VARIANT, KernelVariant, kernel_sources
 
 PROBE_FEATURES = 512
 PROBE_TOKENS = 256
@@ -75,7 +76,8 @@ VARIANT_REPEATS = 3
 VARIANT_MARGIN = 0.05
 BLOCK_TOKENS = 64  # the kernels' token block (csx_block_tokens): fewer tokens time a padded block
 # Part of the per-machine file's name: a file written before the variants were timed is not
-# read as a calibration without them (it would pin every layer to the old kernels).
+# read as a calibration without them (it would pin every layer to the old kernels). The name
+# also holds a digest of the kernel sources: changed kernels are timed again.
 CALIBRATION_VERSION = 4
 
 
@@ -301,7 +303,7 @@ def calibrate(device: torch.device | str = "cpu", dtype: torch.dtype = torch.flo
 def machine_calibration(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                         backend: Backend = "auto") -> KernelCalibration:
     """:func:`calibrate`, measured once per machine (CPU model, threads, dtype, kernel backend,
-    torch version) and kept in ``$CSX_KERNEL_CACHE`` (default ``~/.cache/csx-sparse``), so every
+    torch version, kernel sources) and kept in ``$CSX_KERNEL_CACHE`` (default ``~/.cache/csx-sparse``), so every
     process on the machine picks the same kernels; the first to measure holds a lock while it
     does. Read once per process and setting. A GPU, or a folder that cannot be written,
     measures per process."""
@@ -317,7 +319,8 @@ def machine_calibration(device: torch.device | str = "cpu", dtype: torch.dtype =
 def _machine_calibration(dtype: torch.dtype, backend: str, threads: int,
                          folder: str) -> KernelCalibration:
     key = "-".join((cpu_model(), f"{threads}t", str(dtype).removeprefix("torch."), backend,
-                    f"torch{torch.__version__}", f"v{CALIBRATION_VERSION}"))
+                    f"torch{torch.__version__}", f"v{CALIBRATION_VERSION}",
+                    hashlib.sha256(kernel_sources()).hexdigest()[:12]))
     name = "".join(c if c.isalnum() or c in ".-" else "_" for c in key)
     try:
         cache = Path(folder or Path.home() / ".cache" / "csx-sparse")

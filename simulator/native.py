@@ -420,6 +420,12 @@ def load_kernels(variant: KernelVariant = DEFAULT_VARIANT) -> KernelLibrary | No
     return build_kernels(" ".join((arch, *variant.build_flags())).strip())
 
 
+def kernel_sources() -> bytes:
+    """Every file the kernels are built from, as one byte string (what keys their builds and
+    the per-machine calibrations that timed them)."""
+    return b"".join(path.read_bytes() for path in SOURCES if path.exists())
+
+
 @functools.cache
 def build_kernels(arch: str) -> KernelLibrary | None:
     """The kernels compiled with the target flags `arch` (e.g. "-mavx2 -mfma"); see
@@ -429,7 +435,7 @@ def build_kernels(arch: str) -> KernelLibrary | None:
         logger.warning("simulator: no C compiler or kernel source; CSR layers use torch sparse "
                        "ops, which are slower (see bench/csr_linear.py)")
         return None
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = kernel_sources()
     errors = []
     with _build_lock:
         for flags in flag_sets(arch):

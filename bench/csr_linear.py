@@ -78,9 +78,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "csr_linear.json"
 
 def load_before(commit: str):
     """`commit`'s simulator.csr as the package `simulator_before` (its files from git, the
-    imports between them renamed), so both
-    versions' kernels run in one process; with $CSX_KERNEL_ARCH set, both are built for that
-    target."""
+    imports between them renamed), so both versions' kernels run in one process; with
+    $CSX_KERNEL_ARCH set, both are built for that target."""
     root = Path(tempfile.mkdtemp(prefix="csx-before-"))
     package = root / "simulator_before"
     package.mkdir()

@@ -305,8 +305,8 @@ def machine_calibration(device: torch.device | str = "cpu", dtype: torch.dtype =
     """:func:`calibrate`, measured once per machine (CPU model, threads, dtype, kernel backend,
     torch version, kernel sources) and kept in ``$CSX_KERNEL_CACHE`` (default
     ``~/.cache/csx-sparse``), so every process on the machine picks the same kernels; the first
-    to measure holds a lock while it does. Read once per process and setting. A GPU, or a folder that cannot be written,
-    measures per process."""
+    to measure holds a lock while it does. Read once per process and setting. A GPU, or a
+    folder that cannot be written, measures per process."""
     device = torch.device(device)
     if device.type != "cpu":
         return calibrate(device, dtype, backend)

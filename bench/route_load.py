@@ -7,8 +7,9 @@ the CPU a training job takes from it on this machine. Per backend (SQLite WAL fi
 private PostgreSQL server from tests/service/pg.sh):
 
 1. seed: a finished 4-variant study (its report has curves) and a job with a large log;
-2. load: --clients clients, each sending its next request when the last is answered, for
-   --seconds, round-robin over every route: submit, validate, list, get, events, logs (of the
+2. load: --clients clients, each sending its next request when the last is answered (or, with
+   --rate R, at its own share of R requests/s in all: an open load the server must keep up
+   with), for --seconds, round-robin over every route: submit, validate, list, get, events, logs (of the
    large log), cancel and retry (of the jobs submitted so far), study submit, get, report and
    report.png, cluster, healthz, MLflow credentials;
 3. cancel-all: every job not yet terminal cancelled by 20 clients; then nothing may stay in a
@@ -19,6 +20,7 @@ jobs left non-terminal); writes bench/results/route_load.json.
 
     python bench/route_load.py                       # SQLite and PostgreSQL, 50 clients, 60 s
     python bench/route_load.py --backends sqlite --seconds 20
+    python bench/route_load.py --rate 0 100 150    # as fast as answered, then paced
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def load(base: str, tokens: dict[str, str], folder: Path, url: str, clients: int,
-               seconds: float, server_cpu: Any) -> dict[str, Any]:
+               seconds: float, rates: list[float | None], server_cpu: Any) -> dict[str, Any]:
     alice = {"Authorization": f"Bearer {tokens['alice']}"}
     root = {"Authorization": f"Bearer {tokens['root']}"}
     limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=clients + 10)
@@ -185,70 +187,90 @@ async def load(base: str, tokens: dict[str, str], folder: Path, url: str, client
         large_log(folder, url, logged, LOG_MB)
         submitted: list[int] = [logged]
         cancelled: list[int] = []
-
-        async def submit(path: str, body: dict) -> httpx.Response:
-            answer = await http.post(path, json=body)
-            if answer.status_code == 201 and path == "/v1/jobs":
-                submitted.append(answer.json()["id"])
-            return answer
-
-        async def cancel() -> httpx.Response:
-            answer = await http.post(f"/v1/jobs/{submitted[-1]}:cancel")
-            if answer.status_code == 202:
-                cancelled.append(submitted[-1])
-            return answer
-
-        sid = study["id"]
-        routes = {
-            "POST /jobs": lambda: submit("/v1/jobs", JOB),
-            "POST /jobs:validate": lambda: http.post("/v1/jobs:validate", json=JOB),
-            "GET /jobs": lambda: http.get("/v1/jobs?limit=20"),
-            "GET /jobs/{id}": lambda: http.get(f"/v1/jobs/{submitted[-1]}"),
-            "GET /jobs/{id}/events": lambda: http.get(f"/v1/jobs/{submitted[-1]}/events"),
-            "GET /jobs/{id}/logs": lambda: http.get(f"/v1/jobs/{logged}/logs"),
-            "POST /jobs/{id}:cancel": cancel,
-            "POST /jobs/{id}:retry": lambda: http.post(
-                f"/v1/jobs/{(cancelled or submitted)[-1]}:retry"),
-            "POST /studies": lambda: submit("/v1/studies", {**STUDY, "algorithms": ["static"]}),
-            "GET /studies/{id}": lambda: http.get(f"/v1/studies/{sid}"),
-            "GET /studies/{id}/report": lambda: http.get(f"/v1/studies/{sid}/report"),
-            "GET /studies/{id}/report.png": lambda: http.get(f"/v1/studies/{sid}/report.png"),
-            "GET /cluster": lambda: http.get("/v1/cluster"),
-            "GET /healthz": lambda: http.get("/v1/healthz"),
-            "GET /mlflow/credentials": lambda: http.get("/v1/mlflow/credentials"),
-        }
-        names = list(routes)
-        latencies: dict[str, list[float]] = defaultdict(list)
-        codes: dict[str, Counter[int]] = defaultdict(Counter)
-        resets: Counter[str] = Counter()
-        counter = iter(range(10**9))
-        deadline = time.monotonic() + seconds
-
-        async def client() -> None:
-            while time.monotonic() < deadline:
-                name = names[next(counter) % len(names)]
-                started = time.perf_counter()
-                try:
-                    code = (await routes[name]()).status_code
-                except httpx.TimeoutException:
-                    code = -1
-                except httpx.TransportError as err:
-                    code = 0
-                    resets[type(err).__name__] += 1
-                latencies[name].append(time.perf_counter() - started)
-                codes[name][code] += 1
-
-        started, cpu, own_cpu = time.perf_counter(), server_cpu(), time.process_time()
-        await asyncio.gather(*(client() for _ in range(clients)))
-        wall, cpu = time.perf_counter() - started, server_cpu() - cpu
-        own_cpu = time.process_time() - own_cpu
+        routes = _routes(http, study["id"], logged, submitted, cancelled)
+        phases = [await _phase(routes, clients, seconds, rate, server_cpu) for rate in rates]
         left = await cancel_all(http, root)
+    return {"phases": phases, **left}
+
+
+def _routes(http: httpx.AsyncClient, sid: int, logged: int, submitted: list[int],
+            cancelled: list[int]) -> dict[str, Any]:
+    """Every route, each a function sending one request."""
+
+    async def submit(path: str, body: dict) -> httpx.Response:
+        answer = await http.post(path, json=body)
+        if answer.status_code == 201 and path == "/v1/jobs":
+            submitted.append(answer.json()["id"])
+        return answer
+
+    async def cancel() -> httpx.Response:
+        answer = await http.post(f"/v1/jobs/{submitted[-1]}:cancel")
+        if answer.status_code == 202:
+            cancelled.append(submitted[-1])
+        return answer
+
+    return {
+        "POST /jobs": lambda: submit("/v1/jobs", JOB),
+        "POST /jobs:validate": lambda: http.post("/v1/jobs:validate", json=JOB),
+        "GET /jobs": lambda: http.get("/v1/jobs?limit=20"),
+        "GET /jobs/{id}": lambda: http.get(f"/v1/jobs/{submitted[-1]}"),
+        "GET /jobs/{id}/events": lambda: http.get(f"/v1/jobs/{submitted[-1]}/events"),
+        "GET /jobs/{id}/logs": lambda: http.get(f"/v1/jobs/{logged}/logs"),
+        "POST /jobs/{id}:cancel": cancel,
+        "POST /jobs/{id}:retry": lambda: http.post(
+            f"/v1/jobs/{(cancelled or submitted)[-1]}:retry"),
+        "POST /studies": lambda: submit("/v1/studies", {**STUDY, "algorithms": ["static"]}),
+        "GET /studies/{id}": lambda: http.get(f"/v1/studies/{sid}"),
+        "GET /studies/{id}/report": lambda: http.get(f"/v1/studies/{sid}/report"),
+        "GET /studies/{id}/report.png": lambda: http.get(f"/v1/studies/{sid}/report.png"),
+        "GET /cluster": lambda: http.get("/v1/cluster"),
+        "GET /healthz": lambda: http.get("/v1/healthz"),
+        "GET /mlflow/credentials": lambda: http.get("/v1/mlflow/credentials"),
+    }
+
+
+async def _phase(routes: dict[str, Any], clients: int, seconds: float, rate: float | None,
+                 server_cpu: Any) -> dict[str, Any]:
+    """`clients` clients round-robin over `routes` for `seconds`: each sends its next request
+    when the last is answered, or, at a `rate` (req/s in all), at its own slots (clients
+    start staggered; a late answer makes the next request go at once, never skips it)."""
+    names = list(routes)
+    latencies: dict[str, list[float]] = defaultdict(list)
+    codes: dict[str, Counter[int]] = defaultdict(Counter)
+    resets: Counter[str] = Counter()
+    counter = iter(range(10**9))
+    deadline = time.monotonic() + seconds
+
+    async def client(index: int) -> None:
+        interval = clients / rate if rate else 0.0
+        slot = time.monotonic() + index * interval / clients
+        while time.monotonic() < deadline:
+            if rate:
+                await asyncio.sleep(max(0.0, slot - time.monotonic()))
+                slot += interval
+            name = names[next(counter) % len(names)]
+            started = time.perf_counter()
+            try:
+                code = (await routes[name]()).status_code
+            except httpx.TimeoutException:
+                code = -1
+            except httpx.TransportError as err:
+                code = 0
+                resets[type(err).__name__] += 1
+            latencies[name].append(time.perf_counter() - started)
+            codes[name][code] += 1
+
+    started, cpu, own_cpu = time.perf_counter(), server_cpu(), time.process_time()
+    await asyncio.gather(*(client(index) for index in range(clients)))
+    wall, cpu = time.perf_counter() - started, server_cpu() - cpu
+    own_cpu = time.process_time() - own_cpu
     every = sorted(t for values in latencies.values() for t in values)
     per_route = {name: {"n": len(latencies[name]), "p50_ms": ms(latencies[name], 0.5),
                         "p99_ms": ms(latencies[name], 0.99), "codes": dict(codes[name])}
                  for name in names}
     all_codes = sum(codes.values(), Counter())
-    return {"requests": len(every), "req_per_s": round(len(every) / wall, 1),
+    return {"offered_req_per_s": rate, "requests": len(every),
+            "req_per_s": round(len(every) / wall, 1),
             "p50_ms": ms(every, 0.5), "p99_ms": ms(every, 0.99),
             "server_cpu_ms_per_request": round(1000 * cpu / max(1, len(every)), 2),
             "server_cpu_share": round(cpu / wall, 2),
@@ -256,7 +278,7 @@ async def load(base: str, tokens: dict[str, str], folder: Path, url: str, client
             "client_cpu_share": round(own_cpu / wall, 2),
             "timeouts": all_codes[-1], "resets": all_codes[0], "reset_kinds": dict(resets),
             "bad_5xx": sum(n for code, n in all_codes.items() if code >= 500 and code != 503),
-            "answers_503": all_codes[503], **left, "routes": per_route}
+            "answers_503": all_codes[503], "routes": per_route}
 
 
 async def cancel_all(http: httpx.AsyncClient, root: dict[str, str]) -> dict[str, Any]:
@@ -300,7 +322,7 @@ def ms(values: list[float], q: float) -> float | None:
         if ordered else None
 
 
-def run_backend(backend: str, clients: int, seconds: float, job_s: float,
+def run_backend(backend: str, clients: int, seconds: float, rates: list[float], job_s: float,
                 keep_dir: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"csx-routes-{backend}-") as tmp:
         folder = keep_dir / backend if keep_dir else Path(tmp)
@@ -308,23 +330,28 @@ def run_backend(backend: str, clients: int, seconds: float, job_s: float,
         with database(backend, folder) as url, \
                 api_server(url, folder, job_s) as (base, tokens, pid):
             result = asyncio.run(load(base, tokens, folder, url, clients, seconds,
+                                      [rate or None for rate in rates],
                                       lambda: cpu_seconds(pid)))
     result = {"backend": backend, "clients": clients, "seconds": seconds, **result}
-    result["meets_target"] = (result["p99_ms"] <= TARGET_P99_MS and result["timeouts"] == 0
-                              and result["resets"] == 0 and result["bad_5xx"] == 0
+    for phase in result["phases"]:
+        phase["meets_target"] = (phase["p99_ms"] <= TARGET_P99_MS and phase["timeouts"] == 0
+                                 and phase["resets"] == 0 and phase["bad_5xx"] == 0)
+        offered = (f"at {phase['offered_req_per_s']:g} req/s offered"
+                   if phase["offered_req_per_s"] else "each waiting for its answer")
+        print(f"{backend}: {phase['requests']} requests from {clients} clients {offered}, "
+              f"{seconds:g} s ({phase['req_per_s']} req/s): p50 {phase['p50_ms']} ms, "
+              f"p99 {phase['p99_ms']} ms, server CPU {phase['server_cpu_ms_per_request']} "
+              f"ms/request ({phase['server_cpu_share']} of a core; the clients "
+              f"{phase['client_cpu_share']}), {phase['timeouts']} timeouts, {phase['resets']} "
+              f"resets {phase['reset_kinds']}, {phase['bad_5xx']} x 5xx "
+              f"(503: {phase['answers_503']})", flush=True)
+        for name, row in phase["routes"].items():
+            print(f"    {name:<28} n={row['n']:<5} p50 {row['p50_ms']} ms  "
+                  f"p99 {row['p99_ms']} ms  {row['codes']}")
+    print(f"{backend}: cancel-all of {result['cancelled']}: {result['left_non_terminal']} left "
+          f"({result['cancel_all_s']} s)", flush=True)
+    result["meets_target"] = (all(phase["meets_target"] for phase in result["phases"])
                               and result["left_non_terminal"] == 0)
-    print(f"{backend}: {result['requests']} requests from {clients} clients in {seconds:g} s "
-          f"({result['req_per_s']} req/s): p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
-          f"server CPU {result['server_cpu_ms_per_request']} ms/request "
-          f"({result['server_cpu_share']} of a core; the clients "
-          f"{result['client_cpu_share']}), "
-          f"{result['timeouts']} timeouts, {result['resets']} resets {result['reset_kinds']}, "
-          f"{result['bad_5xx']} x 5xx "
-          f"(503: {result['answers_503']}); cancel-all of {result['cancelled']}: "
-          f"{result['left_non_terminal']} left", flush=True)
-    for name, row in result["routes"].items():
-        print(f"    {name:<28} n={row['n']:<5} p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  "
-              f"{row['codes']}")
     return result
 
 
@@ -337,7 +364,10 @@ def main() -> int:
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgres"],
                         choices=["sqlite", "postgres"])
     parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seconds", type=float, default=60.0, help="per phase")
+    parser.add_argument("--rate", type=float, nargs="+", default=[0.0],
+                        help="one phase per value: requests/s offered by the clients in all "
+                             "(0: each client sends when its last request is answered)")
     parser.add_argument("--job-s", type=float, default=10.0,
                         help="how long a job trains (a tiny-preset job on Ray: 10-30 s)")
     parser.add_argument("--keep-dir", type=Path,
@@ -347,7 +377,7 @@ def main() -> int:
     if args.command == "serve":
         serve(args.port, args.job_s)
         return 0
-    runs = [run_backend(b, args.clients, args.seconds, args.job_s, args.keep_dir)
+    runs = [run_backend(b, args.clients, args.seconds, args.rate, args.job_s, args.keep_dir)
             for b in args.backends]
     write_json(RESULTS, {  # with the machine and its load (bench/record.py)
         "target": f"p99 <= {TARGET_P99_MS:g} ms, 0 timeouts, 0 resets, 0 x 5xx but 503, "

@@ -12,7 +12,7 @@ import anyio
 from fastapi import FastAPI, Request, Response, status
 from fastapi.responses import JSONResponse
 
-from service import crud
+from service import crud, heap
 from service.api.body import PARSE_THREADS
 from service.api.main import api_router
 from service.api.openapi import build_openapi
@@ -44,6 +44,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.check_clear_of_ray_workers()
+        heap.freeze_after_imports()
         if settings.run_migrations_on_start:
             upgrade_database(settings.database_url)
         if (mlflow_access := settings.mlflow_access) is not None:

@@ -64,6 +64,20 @@ class SparseParam:
         return self.param.data
 
 
+def weak_hook(method: Any) -> Any:
+    """A tensor hook calling the bound `method` while its object lives. Torch keeps a tensor's
+    hooks on its C++ side, out of the garbage collector's sight: a hook holding the algorithm,
+    which holds the tensor, made a cycle no collection frees, so every model built and dropped
+    stayed in memory (a service planning jobs grew by a meta model per job)."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(*args: Any) -> Any:
+        bound = ref()
+        return None if bound is None else bound(*args)
+
+    return hook
+
+
 def fill_missing_mask(state_dict: dict[str, Any], prefix: str, param_name: str, mask_name: str,
                       current_mask: torch.Tensor) -> str:
     """Lets a plain ``load_state_dict`` of a masked module read a checkpoint without a
@@ -102,7 +116,7 @@ class MaskKeeper:
     def _hook_gradients(self) -> None:
         for handle in self._grad_handles:  # a re-applied algorithm hooks each parameter once
             handle.remove()
-        self._grad_handles = [sp.param.register_post_accumulate_grad_hook(self._on_grad_accumulated)
+        self._grad_handles = [sp.param.register_post_accumulate_grad_hook(weak_hook(self._on_grad_accumulated))
                               for sp in self._params]
 
     def _on_grad_accumulated(self, param: nn.Parameter) -> None:

@@ -44,7 +44,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.check_clear_of_ray_workers()
-        heap.freeze_after_imports()
+        heap.tune_collection()
         if settings.run_migrations_on_start:
             upgrade_database(settings.database_url)
         if (mlflow_access := settings.mlflow_access) is not None:

@@ -1,17 +1,21 @@
-"""service/heap.py: what is alive after late imports is frozen, so full collections stay short."""
+"""service/heap.py: rarer collections, and what is alive after late imports frozen, so full
+collections stay short."""
 
 import json
 import subprocess
 import sys
 import textwrap
 
+from service import heap
+
 PROBE = textwrap.dedent("""
     import gc, json, sys
     from service import heap
 
-    heap.freeze_after_imports()
-    heap.freeze_after_imports()  # once per process, however often called
-    counts = {"callbacks": sum(cb is heap._after_collection for cb in gc.callbacks)}
+    heap.tune_collection()
+    heap.tune_collection()  # once per process, however often called
+    counts = {"callbacks": sum(cb is heap._after_collection for cb in gc.callbacks),
+              "thresholds": list(gc.get_threshold())}
     gc.collect()
     counts["after_startup"] = gc.get_freeze_count()
     import sqlalchemy.orm  # a late import: hundreds of modules
@@ -35,6 +39,7 @@ def test_a_full_collection_after_new_imports_freezes_what_is_alive_and_later_gar
                          check=True).stdout
     counts = json.loads(out)
     assert counts["callbacks"] == 1
+    assert tuple(counts["thresholds"]) == heap.THRESHOLDS
     assert counts["after_startup"] > 0  # the first full pass freezes the startup heap
     # The import's objects are out of later passes: they walk a fraction of the heap.
     assert counts["after_import"] > counts["after_startup"] + 10_000

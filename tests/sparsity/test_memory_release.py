@@ -26,18 +26,23 @@ def released(build) -> bool:
     return all(ref() is None for ref in refs)
 
 
+def trained(alg, optimizer_class, attach):
+    """A TinyNet sparsified by `alg`, its optimizer attached by `attach`, after two steps."""
+    model = TinyNet()
+    model.apply(alg)
+    optimizer = optimizer_class(model.parameters(), lr=0.1)
+    attach(optimizer)
+    train_steps(model, optimizer, 2)
+    return model, alg, optimizer
+
+
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_a_trained_sparse_model_is_freed_once_dropped(name):
     def build():
-        model = TinyNet()
         options = {"static": {}, "granet": {"update": {"freq": 1, "start": 0, "stop": 4}}}.get(
             name, {"update": {"freq": 1}})
         alg = sparsity.get_algorithm_class(name)(sparsity=0.5, **options)
-        model.apply(alg)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        alg.apply(optimizer)
-        train_steps(model, optimizer, 2)
-        return model, alg, optimizer
+        return trained(alg, torch.optim.SGD, alg.apply)
 
     assert released(build)
 
@@ -57,12 +62,7 @@ def test_a_model_sparsified_on_the_meta_device_is_freed_once_dropped():
 
 def test_a_model_trained_through_the_cstorch_api_is_freed_once_dropped():
     def build():
-        model = TinyNet()
         alg = cstorch.sparse.Static(sparsity=0.3)
-        model.apply(alg)
-        optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
-        optimizer.apply(alg)
-        train_steps(model, optimizer, 2)
-        return model, alg, optimizer
+        return trained(alg, cstorch.optim.SGD, lambda optimizer: optimizer.apply(alg))
 
     assert released(build)

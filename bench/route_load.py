@@ -93,7 +93,7 @@ def serve(port: int, job_s: float) -> None:
     from service.main import KEEP_ALIVE_S, create_app
     from service.settings import Settings
 
-    app = create_app(Settings(), launcher=TimedLauncher(job_s))
+    app = create_app(Settings(), launcher=TimedLauncher(job_s), tune_collector=True)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
                 timeout_keep_alive=KEEP_ALIVE_S)
 

@@ -201,7 +201,7 @@ def _serve_api(args: argparse.Namespace) -> int:
     # the default one would end the process by the signal: a stop that went well exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port,
+        uvicorn.run(create_app(settings, tune_collector=True), host=args.host, port=args.port,
                     timeout_keep_alive=KEEP_ALIVE_S)
     finally:
         if ui is not None:

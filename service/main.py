@@ -38,13 +38,17 @@ DEV_TOKEN_NAME = "dev"
 SCHEDULER_CONNECTIONS = 16
 
 
-def create_app(settings: Settings | None = None, *, launcher: Launcher | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, launcher: Launcher | None = None,
+               tune_collector: bool = False) -> FastAPI:
+    """The app; `tune_collector` where it is the process's own (service/heap.py): a test that
+    builds an app in its own process keeps the collector as it was."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.check_clear_of_ray_workers()
-        heap.tune_collection()
+        if tune_collector:
+            heap.tune_collection()
         if settings.run_migrations_on_start:
             upgrade_database(settings.database_url)
         if (mlflow_access := settings.mlflow_access) is not None:
@@ -126,4 +130,4 @@ def _print_dev_token(app: FastAPI) -> None:
     print(f"csx dev token (admin): {secret}", flush=True)
 
 
-app = create_app()
+app = create_app(tune_collector=True)  # `uvicorn service.main:app`

@@ -1,7 +1,9 @@
 """service/heap.py: rarer collections, and what is alive after late imports frozen, so full
 collections stay short."""
 
+import gc
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -46,3 +48,23 @@ def test_a_full_collection_after_new_imports_freezes_what_is_alive_and_later_gar
     assert counts["tracked_after_import"] < counts["import_objects"] / 10
     assert counts["collected"] >= 1000
     assert counts["after_no_import"] == counts["after_import"]  # no new modules: no freeze
+
+
+def test_the_servers_app_tunes_the_collector_and_a_tests_app_leaves_it(client, tmp_path):
+    # `client` runs create_app()'s lifespan in this process: nothing changed here.
+    assert gc.get_threshold() != heap.THRESHOLDS and heap._after_collection not in gc.callbacks
+    probe = textwrap.dedent("""
+        import gc
+        from fastapi.testclient import TestClient
+        from service.main import app  # what `uvicorn service.main:app` serves
+        from service import heap
+
+        with TestClient(app):
+            print(gc.get_threshold() == heap.THRESHOLDS, heap._after_collection in gc.callbacks)
+    """)
+    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{tmp_path / 'csx.db'}",
+           "CSX_RUNS_DIR": str(tmp_path / "runs"),
+           "CSX_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                         check=True, timeout=300).stdout
+    assert out.split() == ["True", "True"]

@@ -13,9 +13,10 @@ kilobytes each time.
 
 Collections are also made rarer: CPython starts a young one every 700 allocations net, a
 request makes thousands, and each young pass cost 10-60 ms under load. Every 20,000, with
-older generations every 20 passes of the one below: 5% more requests answered by 50 waiting
-clients, and the p99 at 100 req/s 46 ms instead of 87 (bench/route_load.py, same machine); the
-garbage a request leaves waits a little longer, kilobytes.
+older generations every 20 passes of the one below, one build side by side: 222 req/s against
+212 from 50 waiting clients, p99 46 ms against 87 at 100 req/s (bench/route_load.py, SQLite;
+docs/benchmarks.md has the runs of both databases). The garbage a request leaves waits a
+little longer: kilobytes.
 """
 
 from __future__ import annotations

@@ -113,7 +113,9 @@ class Scheduler:
         self.holder = lease.new_holder()
         self._lease_checked = 0.0  # time.monotonic() of the last renewal or takeover attempt
         self.standby: str | None = None  # why this server does not schedule: the holder
-        self.last_tick_ok: float | None = None  # time.monotonic() of the last complete tick
+        # time.monotonic() of the last complete tick, or of the start: a server whose first
+        # tick has not ended yet is as fresh as one that has just ticked.
+        self.last_tick_ok = time.monotonic()
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -121,6 +123,7 @@ class Scheduler:
         by if another server holds it; then tick."""
         if self._take_lease():
             self.recover()
+        self.last_tick_ok = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="csx-scheduler", daemon=True)
         self._thread.start()
 
@@ -167,7 +170,7 @@ class Scheduler:
         if self.standby is not None:
             return "standby"
         stale_after = max(10.0, 50 * self.settings.scheduler_interval_s)
-        if self.last_tick_ok is None or time.monotonic() - self.last_tick_ok > stale_after:
+        if time.monotonic() - self.last_tick_ok > stale_after:
             return "stalled"
         return "running"
 

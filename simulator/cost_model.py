@@ -265,6 +265,26 @@ def project_layer(layer: LayerShape, tokens: int, cluster: WaferScaleCluster,
                            "compute" if compute_s >= io_s else "io", imbalance)
 
 
+def _project_layers(layers: Sequence[LayerShape], tokens: int, cluster: WaferScaleCluster,
+                    dense_grad: bool = False) -> tuple[LayerProjection, ...]:
+    """project_layer of each layer. Layers without live masks that differ only in their name
+    (a planned deep model's repeated blocks, 80 or 120 alike) are projected once; a live mask's
+    row counts make its layer its own."""
+    projected: dict[tuple, LayerProjection] = {}
+    per_layer = []
+    for layer in layers:
+        if layer.row_nnz is not None:
+            per_layer.append(project_layer(layer, tokens, cluster, dense_grad))
+            continue
+        key = (layer.out_features, layer.in_features, layer.density, layer.streams_weights,
+               layer.token_share)
+        if key not in projected:
+            projected[key] = project_layer(layer, tokens, cluster, dense_grad)
+        alike = projected[key]
+        per_layer.append(alike if alike.name == layer.name else replace(alike, name=layer.name))
+    return tuple(per_layer)
+
+
 def _step_ms(per_layer: Sequence[LayerProjection], cluster: WaferScaleCluster) -> float:
     knobs = cluster.knobs
     overhead_s = (knobs.bubble_s + knobs.swarmx_hop_s * cluster.swarmx_levels + knobs.sync_s)
@@ -297,14 +317,13 @@ def project_step(layers: Sequence[LayerShape], tokens: int, cluster: WaferScaleC
         raise ValueError("layers must not be empty")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"tokens must be a positive int, got {tokens!r}")
-    per_layer = tuple(project_layer(layer, tokens, cluster, dense_grad) for layer in layers)
+    per_layer = _project_layers(layers, tokens, cluster, dense_grad)
     step_ms = _step_ms(per_layer, cluster)
-    dense_layers = [layer.as_dense() for layer in layers]
-    dense_ms = _step_ms([project_layer(layer, tokens, cluster) for layer in dense_layers],
+    dense_ms = _step_ms(_project_layers([layer.as_dense() for layer in layers], tokens, cluster),
                         cluster)
     single = cluster.with_systems(1)
     single_ms = step_ms if cluster.num_csx == 1 else _step_ms(
-        [project_layer(layer, tokens, single, dense_grad) for layer in layers], single)
+        _project_layers(layers, tokens, single, dense_grad), single)
     knobs = cluster.knobs
     return StepProjection(
         num_csx=cluster.num_csx, tokens=tokens, step_ms=step_ms, dense_step_ms=dense_ms,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch import nn
 
@@ -166,3 +168,30 @@ def test_bad_values_are_rejected_by_name():
         project_step([LayerShape("x", 4, 4)], 0, WaferScaleCluster(1))
     with pytest.raises(ValueError, match="layers"):
         project_step([], 8, WaferScaleCluster(1))
+
+
+@given(st.lists(st.tuples(st.sampled_from([(64, 32), (32, 64), (64, 64)]),
+                          st.sampled_from([1.0, 0.5, 0.1]), st.sampled_from([1.0, 0.25]),
+                          st.booleans(), st.booleans()), min_size=1, max_size=12),
+       st.integers(1, 4), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_a_step_projects_each_layer_as_if_alone(specs, num_csx, dense_grad):
+    """project_step projects alike layers once (a deep model's repeated blocks); every layer
+    still gets the projection it would get alone, under its own name, live masks included."""
+    layers = []
+    for i, ((rows, cols), density, share, scores, live) in enumerate(specs):
+        if scores:
+            layers.append(LayerShape(f"l{i}.scores", rows, cols, streams_weights=False,
+                                     token_share=share))
+        elif live:
+            mask = torch.rand(rows, cols, generator=torch.Generator().manual_seed(i)) < density
+            layers.append(LayerShape.from_mask(f"l{i}", mask, token_share=share))
+        else:
+            layers.append(LayerShape(f"l{i}", rows, cols, density, token_share=share))
+    cluster = WaferScaleCluster(num_csx)
+    step = project_step(layers, tokens=512, cluster=cluster, dense_grad=dense_grad)
+    assert step.per_layer == tuple(project_layer(layer, 512, cluster, dense_grad)
+                                   for layer in layers)
+    alone = [project_layer(layer.as_dense(), 512, cluster) for layer in layers]
+    overhead = step.overhead_ms
+    assert step.dense_step_ms == pytest.approx(sum(p.time_ms for p in alone) + overhead)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
 
@@ -65,20 +65,38 @@ def _final_targets(alg: Any, max_steps: int) -> tuple[int, dict[str, float]]:
     return last, targets
 
 
-def _projection(model: nn.Module, densities: dict[str, float], seq_len: int, tokens: int,
+class _Matrix(NamedTuple):
+    """One matmul of the planned model, read once for both ends of its schedule."""
+    name: str  # the module's
+    label: str  # the weight parameter's
+    shape: tuple[int, ...]
+    numel: int
+    token_share: float  # a routed expert's tokens (model.token_share)
+
+
+def _matrices(model: nn.Module) -> list[_Matrix]:
+    return [_Matrix(name, label, tuple(weight.shape), weight.numel(), model.token_share(name))
+            for name, label, weight in model.weight_matrices()]
+
+
+def _attention_scores(model: nn.Module, seq_len: int) -> list[Any]:
+    """The cost model's activation-only products (QKᵀ and AV): dense at every sparsity."""
+    from simulator.cost_model import LayerShape
+
+    return [LayerShape(f"{name}.scores", 2 * _attention_context(model.built, seq_len, int(name.split(".")[2])),
+                       module.proj_q_dense_layer.out_features, streams_weights=False)  # all query heads
+            for name, module in model.named_modules() if "attention" in type(module).__name__.lower()]
+
+
+def _projection(matrices: list[_Matrix], scores: list[Any], densities: dict[str, float], tokens: int,
                 num_csx: int) -> dict[str, float]:
     """The cost model's step for the model's linear layers at the planned densities (the
     masks of a meta model hold no values to read); a routed expert computes on its tokens only."""
     from simulator.cost_model import LayerShape, WaferScaleCluster, project_step
 
-    layers = [LayerShape(label, weight.numel() // weight.shape[-1], weight.shape[-1], density=densities.get(label, 1.0),
-                         token_share=model.token_share(name)) for name, label, weight in model.weight_matrices()]
-    for name, module in model.named_modules():
-        if "attention" in type(module).__name__.lower():
-            context = _attention_context(model.built, seq_len, int(name.split(".")[2]))
-            width = module.proj_q_dense_layer.out_features  # all query heads
-            layers.append(LayerShape(f"{name}.scores", 2 * context, width, streams_weights=False))
-    step = project_step(layers, tokens, WaferScaleCluster(num_csx=num_csx))
+    layers = [LayerShape(m.label, m.numel // m.shape[-1], m.shape[-1], density=densities.get(m.label, 1.0),
+                         token_share=m.token_share) for m in matrices]
+    step = project_step(layers + scores, tokens, WaferScaleCluster(num_csx=num_csx))
     return {"sim_step_ms": step.step_ms, "dense_step_ms": step.dense_step_ms,
             "speedup_vs_dense": step.speedup_vs_dense, "scaling_efficiency": step.scaling_efficiency}
 
@@ -111,8 +129,9 @@ def plan_report(plan: JobPlan) -> dict[str, Any]:
     built, tokens = model.built, batch * seq_len
     start_targets = _targets(alg) if alg is not None else {}
     final_step, targets = _final_targets(alg, plan.loop.max_steps) if alg is not None else (0, {})
-    start, start_layers = _at_targets(model, start_targets, seq_len, tokens, num_csx)
-    final, layers = _at_targets(model, targets, seq_len, tokens, num_csx)
+    matrices, scores = _matrices(model), _attention_scores(model, seq_len)
+    start, start_layers = _at_targets(built, matrices, scores, start_targets, seq_len, tokens, num_csx)
+    final, layers = _at_targets(built, matrices, scores, targets, seq_len, tokens, num_csx)
     for layer, before in zip(layers, start_layers):
         layer["start_sparsity"] = before["sparsity"]
     parameters = model.num_parameters()
@@ -147,21 +166,19 @@ def _start_step(alg: Any) -> int:
     return max(member.step for member in getattr(alg, "members", [alg]))
 
 
-def _at_targets(model: nn.Module, targets: dict[str, float], seq_len: int, tokens: int,
-                num_csx: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _at_targets(built: ModelConfig, matrices: list[_Matrix], scores: list[Any], targets: dict[str, float],
+                seq_len: int, tokens: int, num_csx: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """FLOPs and the projected step at these per-parameter sparsities, and the layer rows. A
     routed expert counts for the tokens routed to it (top_k of num_experts)."""
-    built = model.built
     layers, dense_linear, sparse_linear = [], 0.0, 0.0
-    for name, label, weight in model.weight_matrices():  # embeddings are lookups (a tied lm_head is a matmul)
-        share = model.token_share(name)
-        nnz = weight.numel() - round(targets.get(label, 0.0) * weight.numel())
-        dense_linear += share * weight.numel()
-        sparse_linear += share * nnz
-        layers.append({"name": label + (" (tied)" if name == "lm_head" and built.share_embedding_weights else ""),
-                       "shape": list(weight.shape), "sparse": label in targets,
-                       "sparsity": 1.0 - nnz / weight.numel(), "nnz": nnz, "numel": weight.numel(),
-                       "token_share": share})
+    for m in matrices:  # embeddings are lookups (a tied lm_head is a matmul)
+        nnz = m.numel - round(targets.get(m.label, 0.0) * m.numel)
+        dense_linear += m.token_share * m.numel
+        sparse_linear += m.token_share * nnz
+        layers.append({"name": m.label + (" (tied)" if m.name == "lm_head" and built.share_embedding_weights else ""),
+                       "shape": list(m.shape), "sparse": m.label in targets,
+                       "sparsity": 1.0 - nnz / m.numel, "nnz": nnz, "numel": m.numel,
+                       "token_share": m.token_share})
     attention = _attention_flops_per_token(built, seq_len)
     dense_forward, sparse_forward = round(2 * dense_linear) + attention, round(2 * sparse_linear) + attention
     densities = {name: 1.0 - level for name, level in targets.items()}
@@ -170,7 +187,7 @@ def _at_targets(model: nn.Module, targets: dict[str, float], seq_len: int, token
         "sparsity": 1.0 - sum(layer["nnz"] for layer in sparse) / max(1, sum(layer["numel"] for layer in sparse)),
         "flops_per_token": {"dense_forward": dense_forward, "sparse_forward": sparse_forward,
                             "dense_train": 3 * dense_forward, "sparse_train": 3 * sparse_forward},
-        "projection": _projection(model, densities, seq_len, tokens, num_csx),
+        "projection": _projection(matrices, scores, densities, tokens, num_csx),
     }, layers
 
 

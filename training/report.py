@@ -17,7 +17,10 @@ GraNet) reaches it at its last update step up to ``max_steps``; ``schedule`` giv
 
 from __future__ import annotations
 
+import copy
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import asdict
 from typing import Any, NamedTuple
 
@@ -120,9 +123,34 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+# Recent reports by the plan's repr (plain data: the spec's values, in full). A submission is
+# planned again at admission after its :validate, and each plan of a large model builds it
+# module by module (most of the report's time); the machine's free memory is read each time.
+_REPORTS: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_REPORTS_KEPT = 32
+_REPORTS_LOCK = threading.Lock()
+
+
 def plan_report(plan: JobPlan) -> dict[str, Any]:
     """The plan as plain data; ValueError names the problem (a sparsity group matching no
     parameter, a bad sparsity config, an unknown optimizer)."""
+    key = repr(plan)
+    with _REPORTS_LOCK:
+        report = _REPORTS.get(key)
+        if report is not None:
+            _REPORTS.move_to_end(key)
+    if report is None:
+        report = _report(plan)
+        with _REPORTS_LOCK:
+            _REPORTS[key] = report
+            while len(_REPORTS) > _REPORTS_KEPT:
+                _REPORTS.popitem(last=False)
+    report = copy.deepcopy(report)  # callers may change theirs
+    report["memory"]["available"] = available_memory()
+    return report
+
+
+def _report(plan: JobPlan) -> dict[str, Any]:
     num_csx, batch, config = plan.num_csx, plan.data.train.batch_size, plan.model
     seq_len = plan.data.seq_len
     model, alg = build_sparse_model(config, plan.sparsity, seed=plan.seed, device="meta")
@@ -155,8 +183,7 @@ def plan_report(plan: JobPlan) -> dict[str, Any]:
         "schedule": {"start": {"step": _start_step(alg), **_summary(start)},
                      "final": {"step": final_step, **_summary(final)}},
         "memory": {"per_worker": memory, "per_worker_total": sum(memory.values()),
-                   "workers": num_csx, "total": num_csx * sum(memory.values()),
-                   "available": available_memory()},
+                   "workers": num_csx, "total": num_csx * sum(memory.values())},
     }
 
 

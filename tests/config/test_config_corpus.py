@@ -15,19 +15,6 @@ from corpus import FILES, check_outcomes
 from csx import cli
 
 
-def test_every_corpus_file_through_csx_run_validate_only(capsys) -> None:
-    outcomes: dict[Path, str | None] = {}
-    for path in FILES:
-        code = cli.main(["run", "--params", str(path), "--validate_only"])
-        captured = capsys.readouterr()
-        assert code in (0, 2), (path, captured.err)
-        if code == 0:
-            assert "parameters" in captured.out, path  # the plan was printed
-        outcomes[path] = None if code == 0 else captured.err
-    with capsys.disabled():
-        check_outcomes(outcomes, "csx run --validate_only")
-
-
 @pytest.fixture
 def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     """The service with the data roots as ModelZoo files expect them: their relative data_dir
@@ -53,18 +40,28 @@ def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClie
         yield test_client
 
 
-def test_every_corpus_file_through_rest_validate(client: TestClient, capsys) -> None:
-    outcomes: dict[Path, str | None] = {}
+def test_every_corpus_file_through_csx_run_validate_only_and_rest_validate(client: TestClient, capsys) -> None:
+    """Both doors, file by file (the second answers from the report the first one's plan left,
+    when the two read the file into the same plan)."""
+    cli_outcomes: dict[Path, str | None] = {}
+    rest_outcomes: dict[Path, str | None] = {}
     for path in FILES:
-        body = {"params": yaml.safe_load(path.read_text())}
-        response = client.post("/v1/jobs:validate", json=body)
+        code = cli.main(["run", "--params", str(path), "--validate_only"])
+        captured = capsys.readouterr()
+        assert code in (0, 2), (path, captured.err)
+        if code == 0:
+            assert "parameters" in captured.out, path  # the plan was printed
+        cli_outcomes[path] = None if code == 0 else captured.err
+
+        response = client.post("/v1/jobs:validate", json={"params": yaml.safe_load(path.read_text())})
         assert response.status_code in (200, 422), (path, response.text)
         if response.status_code == 200:
             assert response.json()["plan"]["layers"], path
-            outcomes[path] = None
+            rest_outcomes[path] = None
         else:
             problems = response.json()["detail"]
-            outcomes[path] = "one response:\n" + "\n".join(
+            rest_outcomes[path] = "one response:\n" + "\n".join(
                 f"  - {'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems)
     with capsys.disabled():
-        check_outcomes(outcomes, "POST /v1/jobs:validate")
+        check_outcomes(cli_outcomes, "csx run --validate_only")
+        check_outcomes(rest_outcomes, "POST /v1/jobs:validate")

@@ -80,3 +80,22 @@ def test_the_plan_resolves_what_the_loop_reads():
     assert plan.data.seq_len == 16 and plan.loop.global_batch_size == 8
     with pytest.raises(ValueError, match=r"sequence length \(200\) exceeds model.max_position_embeddings \(128\)"):
         plan_job(JobSpec.from_yaml(SPEC.replace("max_sequence_length: 16", "max_sequence_length: 200")))
+
+
+@settings(max_examples=25, deadline=None)
+@given(specs=st.lists(st.tuples(st.sampled_from(["set", "rigl"]), st.sampled_from([0.5, 0.75, 0.9]),
+                                st.sampled_from([1, 2]), st.sampled_from([2, 4])), min_size=2, max_size=6))
+def test_a_remembered_report_is_the_report_of_its_plan(specs):
+    """plan_report keeps recent reports: whatever plans came before, each answer is the one its
+    own plan gives when reported afresh, and a caller changing its copy changes no later answer."""
+    from training import report as reports
+
+    for algorithm, level, num_csx, freq in specs + specs[::-1]:
+        text = (SPEC.replace("algorithm: set", f"algorithm: {algorithm}").replace("sparsity: 0.5", f"sparsity: {level}")
+                .replace("freq: 2", f"freq: {freq}"))
+        plan = plan_job(JobSpec.from_yaml(text), num_csx)
+        answer, afresh = reports.plan_report(plan), reports._report(plan)
+        afresh["memory"]["available"] = answer["memory"]["available"]  # the free memory, read each time
+        assert answer == afresh
+        answer["layers"].clear()
+        answer["memory"]["per_worker"].clear()

@@ -13,7 +13,7 @@ Two phases, each against a fresh server and database:
 Both are needed: with C clients always waiting on the server, Little's law makes the mean
 latency C / throughput (50 clients at 500 req/s wait 100 ms each whatever the server does), so
 a saturated run says nothing about latency at a given load. Targets: >= 300 req/s saturated,
-p99 <= 50 ms at 300 req/s. The client is a bare asyncio HTTP/1.1 keep-alive client (about 0.1 ms
+p99 <= 50 ms at 300 req/s. The client is bench/http_client.py's bare asyncio one (about 0.1 ms
 of CPU per request) because it shares the machine's cores with the server. Prints req/s and
 p50/p99 latency per phase; writes bench/results/api_load.json.
 
@@ -38,7 +38,8 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, func, select
 
-from record import write_json  # bench/ is on sys.path as a script
+from http_client import CONNECTION_ERRORS, Connection  # bench/ is on sys.path as a script
+from record import write_json
 from service.processes import HOST, StackProcess, free_port, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,42 +64,14 @@ class Tally:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
 
-class Connection:
-    """One keep-alive HTTP/1.1 connection that POSTs JSON and reads the status line."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 port: int, token: str) -> None:
-        self.reader, self.writer = reader, writer
-        self.head = (f"POST /v1/jobs HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
-                     f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n")
-
-    @classmethod
-    async def open(cls, port: int, token: str) -> Connection:
-        reader, writer = await asyncio.open_connection(HOST, port)
-        return cls(reader, writer, port, token)
-
-    async def post(self, body: bytes) -> int:
-        self.writer.write(f"{self.head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        status = int((await self.reader.readline()).split()[1])
-        length = 0
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.partition(b":")
-            if name.lower() == b"content-length":
-                length = int(value)
-        await self.reader.readexactly(length)
-        return status
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 async def fire(port: int, token: str, total: int, clients: int, rate: float | None,
                deadline_s: float) -> dict:
     """`total` submissions over `clients` connections; paced at `rate` req/s when given."""
     tally = Tally()
     bodies = [json.dumps({**BODY, "tags": {"i": str(i)}}).encode() for i in range(total)]
     pending = iter(range(total))
-    connections = [await Connection.open(port, token) for _ in range(clients)]
+    connections = [await Connection.open(HOST, port, {"Authorization": f"Bearer {token}"})
+                   for _ in range(clients)]
     started = time.perf_counter()
     deadline = started + deadline_s
 
@@ -109,8 +82,8 @@ async def fire(port: int, token: str, total: int, clients: int, rate: float | No
                 return
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             try:
-                status = await connection.post(bodies[index])
-            except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as err:
+                status = (await connection.request("POST", "/v1/jobs", bodies[index])).status_code
+            except CONNECTION_ERRORS as err:
                 tally.error(type(err).__name__)
                 return  # the connection is in an unknown state: this client stops
             # Latency from when the request was due, so a late send counts against the server.

@@ -303,7 +303,7 @@ def main() -> int:
     runs = [run_backend(backend, total, clients) for backend in args.backends]
     recoveries = [] if args.no_recovery else [recover(backend) for backend in args.backends]
     routes = [] if args.no_routes else [
-        route_load.run_backend(backend, clients=50, seconds=60.0, job_s=10.0)
+        route_load.run_backend(backend, clients=50, seconds=60.0, rates=[0.0], job_s=10.0)
         for backend in args.backends]
     faults, faults_sound = ([], True) if args.no_faults else fault_table()
     signal.alarm(0)

@@ -15,6 +15,10 @@ private PostgreSQL server from tests/service/pg.sh):
 3. cancel-all: every job not yet terminal cancelled by 20 clients; then nothing may stay in a
    non-terminal state.
 
+The load's clients are bench/http_client.py's bare asyncio ones; first, as a ceiling, the same
+number of them and of httpx clients load a server that answers at once (what the clients
+alone can drive on this machine's cores).
+
 Prints per route p50/p99 and the totals (p99 over every request, timeouts, 5xx other than 503,
 jobs left non-terminal); writes bench/results/route_load.json.
 
@@ -41,7 +45,8 @@ from typing import Any
 
 import httpx
 
-from record import write_json  # bench/, this script's folder
+import http_client  # bench/, this script's folder
+from record import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "route_load.json"
@@ -86,16 +91,25 @@ class TimedLauncher:
         return TimedHandle(self.seconds, self.launched % 7)
 
 
-def serve(port: int, job_s: float) -> None:
-    """The server process: the app from CSX_* settings, jobs scripted."""
-    import uvicorn
-
-    from service.main import KEEP_ALIVE_S, create_app
+def scripted_app() -> Any:
+    """The app from CSX_* settings, jobs scripted (ROUTE_LOAD_JOB_S seconds each)."""
+    from service.main import create_app
     from service.settings import Settings
 
-    app = create_app(Settings(), launcher=TimedLauncher(job_s), tune_collector=True)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                timeout_keep_alive=KEEP_ALIVE_S)
+    return create_app(Settings(), launcher=TimedLauncher(float(os.environ["ROUTE_LOAD_JOB_S"])),
+                      tune_collector=True)
+
+
+def serve(port: int, job_s: float, workers: int) -> None:
+    """The server: `workers` processes (uvicorn's) of the scripted app."""
+    import uvicorn
+
+    from service.main import KEEP_ALIVE_S
+
+    os.environ["ROUTE_LOAD_JOB_S"] = str(job_s)
+    sys.path.insert(0, str(Path(__file__).parent))  # the workers import this module
+    uvicorn.run("route_load:scripted_app", factory=True, workers=workers, host="127.0.0.1",
+                port=port, log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE_S)
 
 
 @contextmanager
@@ -114,7 +128,8 @@ def database(backend: str, folder: Path) -> Iterator[str]:
 
 
 @contextmanager
-def api_server(url: str, folder: Path, job_s: float) -> Iterator[tuple[str, dict[str, str], int]]:
+def api_server(url: str, folder: Path, job_s: float,
+               workers: int = 1) -> Iterator[tuple[str, dict[str, str], int]]:
     from service.processes import HOST, StackProcess, free_port, wait_until_up
 
     env = {**os.environ, "CSX_DATABASE_URL": url, "CSX_RUNS_DIR": str(folder / "runs"),
@@ -128,7 +143,8 @@ def api_server(url: str, folder: Path, job_s: float) -> Iterator[tuple[str, dict
         ).stdout.strip().splitlines()[-1]
     port = free_port()
     server = StackProcess.start("uvicorn", [sys.executable, __file__, "serve", "--port", str(port),
-                                            "--job-s", str(job_s)],
+                                            "--job-s", str(job_s),
+                                            "--workers", str(workers)],
                                 log_path=folder / "server.log", env=env, cwd=ROOT)
     try:
         wait_until_up(f"http://{HOST}:{port}/v1/healthz", server, timeout_s=120)
@@ -167,10 +183,16 @@ def large_log(folder: Path, url: str, job_id: int, megabytes: int) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time the process has used (user + system): what a request costs the server,
-    whatever else the machine runs meanwhile."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time the process and its live descendants (uvicorn's workers) have used (user +
+    system): what a request costs the server, whatever else the machine runs meanwhile."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                    for child in (task / "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+        return 0.0
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(cpu_seconds(child) for child in children)
 
 
 async def load(base: str, tokens: dict[str, str], folder: Path, url: str, clients: int,
@@ -187,23 +209,25 @@ async def load(base: str, tokens: dict[str, str], folder: Path, url: str, client
         large_log(folder, url, logged, LOG_MB)
         submitted: list[int] = [logged]
         cancelled: list[int] = []
-        routes = _routes(http, study["id"], logged, submitted, cancelled)
+        loader = http_client.Client(base, alice, CLIENT_TIMEOUT_S)  # bench/http_client.py: why
+        routes = _routes(loader, study["id"], logged, submitted, cancelled)
         phases = [await _phase(routes, clients, seconds, rate, server_cpu) for rate in rates]
+        loader.close()
         left = await cancel_all(http, root)
     return {"phases": phases, **left}
 
 
-def _routes(http: httpx.AsyncClient, sid: int, logged: int, submitted: list[int],
+def _routes(http: http_client.Client, sid: int, logged: int, submitted: list[int],
             cancelled: list[int]) -> dict[str, Any]:
     """Every route, each a function sending one request."""
 
-    async def submit(path: str, body: dict) -> httpx.Response:
+    async def submit(path: str, body: dict) -> http_client.Answer:
         answer = await http.post(path, json=body)
         if answer.status_code == 201 and path == "/v1/jobs":
             submitted.append(answer.json()["id"])
         return answer
 
-    async def cancel() -> httpx.Response:
+    async def cancel() -> http_client.Answer:
         answer = await http.post(f"/v1/jobs/{submitted[-1]}:cancel")
         if answer.status_code == 202:
             cancelled.append(submitted[-1])
@@ -252,9 +276,9 @@ async def _phase(routes: dict[str, Any], clients: int, seconds: float, rate: flo
             started = time.perf_counter()
             try:
                 code = (await routes[name]()).status_code
-            except httpx.TimeoutException:
+            except TimeoutError:
                 code = -1
-            except httpx.TransportError as err:
+            except http_client.CONNECTION_ERRORS as err:
                 code = 0
                 resets[type(err).__name__] += 1
             latencies[name].append(time.perf_counter() - started)
@@ -316,6 +340,34 @@ async def cancel_all(http: httpx.AsyncClient, root: dict[str, str]) -> dict[str,
             "cancel_all_s": round(time.perf_counter() - started, 2)}
 
 
+def harness_ceiling(clients: int, seconds: float) -> dict[str, Any]:
+    """What the clients alone can drive: `clients` of each kind, each sending when answered,
+    against a server that answers at once (bench/http_client.py)."""
+
+    async def measure(http: Any) -> dict[str, Any]:
+        phase = await _phase({"GET": lambda: http.get("/")}, clients, seconds, None, lambda: 0.0)
+        return {key: phase[key] for key in ("requests", "req_per_s", "p50_ms", "p99_ms",
+                                             "client_cpu_share")}
+
+    async def both(base: str) -> dict[str, Any]:
+        bare = http_client.Client(base, {}, CLIENT_TIMEOUT_S)
+        ceiling = {"bare asyncio": await measure(bare)}
+        bare.close()
+        limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=clients + 10)
+        async with httpx.AsyncClient(base_url=base, timeout=CLIENT_TIMEOUT_S,
+                                     limits=limits) as http:
+            ceiling["httpx.AsyncClient"] = await measure(http)
+        return ceiling
+
+    with http_client.null_server() as base:
+        ceiling = asyncio.run(both(base))
+    for kind, row in ceiling.items():
+        print(f"harness ceiling, {clients} {kind} clients against a null server: "
+              f"{row['req_per_s']} req/s, p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms "
+              f"({row['client_cpu_share']} of a core)", flush=True)
+    return ceiling
+
+
 def ms(values: list[float], q: float) -> float | None:
     ordered = sorted(values)
     return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) \
@@ -323,12 +375,12 @@ def ms(values: list[float], q: float) -> float | None:
 
 
 def run_backend(backend: str, clients: int, seconds: float, rates: list[float], job_s: float,
-                keep_dir: Path | None = None) -> dict[str, Any]:
+                keep_dir: Path | None = None, workers: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"csx-routes-{backend}-") as tmp:
         folder = keep_dir / backend if keep_dir else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         with database(backend, folder) as url, \
-                api_server(url, folder, job_s) as (base, tokens, pid):
+                api_server(url, folder, job_s, workers) as (base, tokens, pid):
             result = asyncio.run(load(base, tokens, folder, url, clients, seconds,
                                       [rate or None for rate in rates],
                                       lambda: cpu_seconds(pid)))
@@ -361,6 +413,7 @@ def main() -> int:
     serve_args = sub.add_parser("serve")
     serve_args.add_argument("--port", type=int, required=True)
     serve_args.add_argument("--job-s", type=float, required=True)
+    serve_args.add_argument("--workers", type=int, default=1)
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgres"],
                         choices=["sqlite", "postgres"])
     parser.add_argument("--clients", type=int, default=50)
@@ -370,19 +423,23 @@ def main() -> int:
                              "(0: each client sends when its last request is answered)")
     parser.add_argument("--job-s", type=float, default=10.0,
                         help="how long a job trains (a tiny-preset job on Ray: 10-30 s)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="uvicorn worker processes (one schedules, the others stand by)")
     parser.add_argument("--keep-dir", type=Path,
                         help="keep each backend's folder (server.log, databases) here")
     args = parser.parse_args()
     load_at_start = os.getloadavg()
     if args.command == "serve":
-        serve(args.port, args.job_s)
+        serve(args.port, args.job_s, args.workers)
         return 0
-    runs = [run_backend(b, args.clients, args.seconds, args.rate, args.job_s, args.keep_dir)
-            for b in args.backends]
+    ceiling = harness_ceiling(args.clients, min(args.seconds, 10.0))
+    runs = [run_backend(b, args.clients, args.seconds, args.rate, args.job_s, args.keep_dir,
+                        args.workers) for b in args.backends]
     write_json(RESULTS, {  # with the machine and its load (bench/record.py)
         "target": f"p99 <= {TARGET_P99_MS:g} ms, 0 timeouts, 0 resets, 0 x 5xx but 503, "
                   "nothing left non-terminal",
-        "client": "httpx.AsyncClient in the same machine's cores", "runs": runs}, load_at_start=load_at_start)
+        "client": "bench/http_client.py's bare asyncio client, in the same machine's cores",
+        "harness_ceiling": ceiling, "runs": runs}, load_at_start=load_at_start)
     return 0 if all(r["meets_target"] for r in runs) else 1
 
 

@@ -34,9 +34,9 @@ RESULTS = BENCH / "results"
 SUMMARY = RESULTS / "summary.md"
 BENCHMARKS_PAGE = BENCH.parent / "docs" / "benchmarks.md"
 PAGE_START, PAGE_END = "<!-- bench-summary -->", "<!-- /bench-summary -->"
-# Not benchmarks: this runner, recovery (a phase of reliability, which runs it) and the
-# results' machine record.
-NOT_BENCHMARKS = {"run_all", "recovery", "record"}
+# Not benchmarks: this runner, recovery (a phase of reliability, which runs it), the
+# results' machine record and the load benchmarks' HTTP client.
+NOT_BENCHMARKS = {"run_all", "recovery", "record", "http_client"}
 HEADLINE = re.compile(r"ratio|per_s|per_param|_ms$|speedup|meets_target|targets_met|crossover|efficiency|fraction")
 
 

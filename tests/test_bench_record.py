@@ -60,3 +60,54 @@ def test_make_bench_tabulates_each_shapes_variant_and_its_distance_from_the_roof
                         "0.50 | 5.25 |")
     assert len(table) == 6  # the case from before the variants has no row
     assert run_all.variant_table({"cases": [old]}) == []
+
+
+def test_the_load_benchmarks_client_reads_sized_chunked_and_failed_answers():
+    """bench/http_client.py: what route_load and api_load measure through."""
+    import asyncio
+
+    http_client = bench_module("http_client")
+    chunked = (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+               b"5\r\nline \r\nb;ext=1\r\nof the log\n\r\n0\r\n\r\n")
+    sized = b'HTTP/1.1 404 Not Found\r\nContent-Length: 17\r\n\r\n{"detail": "no"}\n'
+    answers = iter([chunked, sized, chunked])
+    seen: list[bytes] = []
+
+    async def serve(reader, writer) -> None:
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            seen.append(head.split(b"\r\n")[0])
+            if seen[-1].startswith(b"GET /last"):
+                writer.close()  # closed without an answer
+                return
+            if b"Content-Length: 2" in head:
+                await reader.readexactly(2)
+            writer.write(next(answers))
+            await writer.drain()
+
+    async def main() -> list:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = http_client.Client(f"http://127.0.0.1:{port}", {"X-Token": "t"}, 5.0)
+        log = await client.get("/logs")
+        missing = await client.post("/jobs", json={})
+        again = await client.get("/logs")  # the same kept-alive connection
+        try:
+            await client.get("/last")
+            failed = None
+        except http_client.CONNECTION_ERRORS as err:
+            failed = err
+        server.close()
+        return [log, missing, again, failed, len(client._idle)]
+
+    log, missing, again, failed, idle = asyncio.run(main())
+    assert (log.status_code, log.content) == (200, b"line of the log\n")
+    assert (missing.status_code, missing.json()) == (404, {"detail": "no"})
+    assert again.content == log.content
+    assert seen == [b"GET /logs HTTP/1.1", b"POST /jobs HTTP/1.1", b"GET /logs HTTP/1.1",
+                    b"GET /last HTTP/1.1"]
+    assert failed is not None and idle == 0  # the broken connection is not kept
+
+    with http_client.null_server() as base:
+        async def null() -> object:
+            return await http_client.Client(base, {}, 5.0).get("/anything")
+        assert asyncio.run(null()).json() == {"ok": True}

@@ -8,6 +8,12 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
+
+# No test is timed (bench/ measures speed): an example that a busy machine slows past
+# hypothesis' default 200 ms deadline must not fail (under `-n 4` one took 526 ms, then 0.9).
+settings.register_profile("csx", deadline=None)
+settings.load_profile("csx")
 
 
 # `make test` runs two xdist workers (`-n 2`); a group of tests runs on one worker, in order.

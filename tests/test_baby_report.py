@@ -16,7 +16,7 @@ from research.study_results import baby_key, baby_specs
 LOSSES = st.dictionaries(st.integers(0, 4), st.floats(1.0, 3.0, allow_nan=False), min_size=1)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(better=LOSSES, worse=LOSSES)
 def test_a_paired_gap_differences_only_the_seeds_both_ran(better, worse):
     diffs, _ = paired_gap(better, worse)

@@ -13,7 +13,7 @@ from research.blog_report import TITLE, claim_verdict, insert_blog_section, repr
 PPL = st.lists(st.floats(1.0, 20.0, allow_nan=False), min_size=1, max_size=5)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(better=PPL, worse=PPL)
 def test_a_claim_gap_is_the_mean_difference_and_counts_beyond_the_larger_sd(
         better: list[float], worse: list[float]):

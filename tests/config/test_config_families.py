@@ -58,7 +58,7 @@ def test_a_family_not_built_is_refused_first_in_one_line(params, where, family):
     assert "is not supported here" in lines[1] and "did you mean" not in err
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(family=st.sampled_from(sorted(MODELS_NOT_BUILT)),
        junk=st.dictionaries(st.from_regex(r"[a-z]{3,10}", fullmatch=True), st.integers(), max_size=4),
        trainer=st.booleans())

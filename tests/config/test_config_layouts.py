@@ -300,7 +300,7 @@ _PARAMS = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(_PARAMS)
 def test_params_to_trainer_to_params_is_the_same_job(params: dict) -> None:
     spec = JobSpec.model_validate(params)

@@ -64,7 +64,7 @@ def band(length: int, window: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- grouped-query attention
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=8)
 @given(st.sampled_from([(4, 1), (4, 2), (8, 2), (8, 4), (2, 2)]))
 def test_gqa_equals_mha_with_key_value_heads_repeated(heads_groups):
     heads, groups = heads_groups

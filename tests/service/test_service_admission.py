@@ -173,7 +173,7 @@ def test_a_queued_job_that_no_longer_fits_fails_before_any_worker_starts(
     assert "estimated" in job["status_message"] and not launcher.launches_of(job_id)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(heads=st.integers(1, 4), head_dim=st.sampled_from([2, 4, 8]), layers=st.integers(1, 3),
        filter_size=st.integers(1, 40), vocab=st.integers(300, 600),
        nonlinearity=st.sampled_from(["gelu", "swiglu", "relu"]),

@@ -57,14 +57,14 @@ def _conforms(case: schemathesis.Case, auth: dict[str, str]) -> None:
 
 
 @schema.parametrize()
-@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True,
+@settings(max_examples=MAX_EXAMPLES, derandomize=True,
           suppress_health_check=list(HealthCheck))
 def test_every_operation_conforms(case: schemathesis.Case, served: dict[str, str]) -> None:
     _conforms(case, served)
 
 
 @schema.include(method="POST", path="/v1/jobs").parametrize()
-@settings(max_examples=SUBMISSION_EXAMPLES, deadline=None, derandomize=True,
+@settings(max_examples=SUBMISSION_EXAMPLES, derandomize=True,
           suppress_health_check=list(HealthCheck))
 def test_submissions_conform(case: schemathesis.Case, served: dict[str, str]) -> None:
     _conforms(case, served)

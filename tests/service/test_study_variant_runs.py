@@ -65,7 +65,7 @@ def test_the_blog_study_gives_every_variant_the_same_tokens_and_sparse_runs_half
     assert "grow_score_scaling" not in specs["rigl"].sparsity  # RigL as published
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(base_batch=st.integers(1, 64), base_steps=st.integers(1, 500), batch=st.integers(1, 64),
        num_csx=st.integers(1, 4))
 def test_a_variant_batch_alone_derives_its_steps_or_is_refused_naming_the_field(
@@ -84,7 +84,7 @@ def test_a_variant_batch_alone_derives_its_steps_or_is_refused_naming_the_field(
     assert variant.batch_size == batch
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(ratio=st.sampled_from([2, 3, 4]), step=st.integers(0, 60))
 def test_a_longer_variant_follows_the_same_learning_rate_curve_over_the_tokens(ratio: int,
                                                                                step: int):

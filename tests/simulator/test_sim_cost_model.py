@@ -174,7 +174,7 @@ def test_bad_values_are_rejected_by_name():
                           st.sampled_from([1.0, 0.5, 0.1]), st.sampled_from([1.0, 0.25]),
                           st.booleans(), st.booleans()), min_size=1, max_size=12),
        st.integers(1, 4), st.booleans())
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 def test_a_step_projects_each_layer_as_if_alone(specs, num_csx, dense_grad):
     """project_step projects alike layers once (a deep model's repeated blocks); every layer
     still gets the projection it would get alone, under its own name, live masks included."""

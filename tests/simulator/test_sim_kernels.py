@@ -66,7 +66,7 @@ def build(p):
     return mask, weight, x, grad_y, bias
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(problems)
 def test_kernels_match_dense_products_for_any_thread_split(p):
     mask, weight, x, grad_y, bias = build(p)
@@ -99,7 +99,7 @@ def fused_backward(kernels, s, vals, grad_y, x, threads, length=None, stream=Tru
                             threads=threads, stream=stream, prefetch=prefetch)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(p=problems, padding=st.integers(0, 70), blocks_per_pass=st.sampled_from([1, 2]),
        prefetch=st.sampled_from([0, 8]))
 def test_fused_backward_gives_the_dense_products_for_any_thread_split(p, padding,
@@ -125,7 +125,7 @@ def test_fused_backward_gives_the_dense_products_for_any_thread_split(p, padding
     assert not dense[~mask].any()
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(p=problems, blocks_per_pass=st.sampled_from([1, 2]))
 def test_fused_backward_is_bitwise_the_same_for_every_thread_split(p, blocks_per_pass):
     """Rows of Wᵀ split by non-zeros, features of dY (packed inside, with their sums) split
@@ -141,7 +141,7 @@ def test_fused_backward_is_bitwise_the_same_for_every_thread_split(p, blocks_per
         assert all(torch.equal(a, b) for a, b in zip(output, outputs[0]))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(problems)
 def test_spmm_is_bitwise_the_same_for_every_thread_split(p):
     """Splitting token blocks (threads dividing the blocks) or rows (otherwise) changes who
@@ -155,7 +155,7 @@ def test_spmm_is_bitwise_the_same_for_every_thread_split(p):
     assert all(torch.equal(out, outputs[0]) for out in outputs[1:])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(p=problems, column_sums=st.booleans())
 def test_pack_spmm_gives_the_bits_of_pack_then_spmm(p, column_sums):
     """Fused (threads dividing the token blocks: each packs its blocks as it reaches them) or
@@ -210,7 +210,7 @@ def test_spmm_output_large_enough_to_stream_has_the_bits_of_small_calls(arch, dt
 
 
 @pytest.mark.parametrize("variant", ALL_VARIANTS, ids=lambda v: v.name)
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=6)
 @given(p=problems)
 def test_csr_linear_matches_masked_dense_autograd(variant, p):
     mask, weight, x, grad_y, bias = build(p)
@@ -234,7 +234,7 @@ def test_csr_linear_matches_masked_dense_autograd(variant, p):
 
 
 @pytest.mark.skipif(not _cpu_has_avx2(), reason="needs an x86 CPU with AVX2")
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(problems)
 def test_avx2_and_baseline_builds_give_the_native_builds_results(p):
     """The AVX2-only build (8-lane vectors, its own lane sums), the baseline x86-64 build (no
@@ -264,7 +264,7 @@ def test_avx2_and_baseline_builds_give_the_native_builds_results(p):
             torch.testing.assert_close(other, reference, **tolerance(p["dtype"]))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(tokens=TOKENS, features=SIZES, threads=st.integers(1, 4), dtype=DTYPES)
 def test_pack_is_the_zero_padded_token_blocked_layout_and_sums_columns(tokens, features, threads, dtype):
     x = torch.randn(tokens, features, dtype=dtype)
@@ -325,7 +325,7 @@ def test_weight_gradient_is_adopted_without_a_copy_and_its_memory_reused(as_valu
 
 
 @given(n=st.integers(0, 500), seed=st.integers(0, 100))
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20)
 def test_gather_equals_index_select(n, seed):
     generator = torch.Generator().manual_seed(seed)
     source = torch.randn(37, 11, generator=generator)
@@ -333,7 +333,7 @@ def test_gather_equals_index_select(n, seed):
     assert torch.equal(KERNELS.gather(source, index), source.view(-1).index_select(0, index))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(out_features=st.integers(0, 70), in_features=st.integers(0, 70), density=DENSITIES,
        empty_rows=st.integers(0, 5), empty_cols=st.integers(0, 5), seed=st.integers(0, 2**16))
 def test_structure_built_in_c_equals_the_torch_build(out_features, in_features, density,

@@ -105,7 +105,7 @@ def same_data(a, b) -> bool:
     return a == b
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=8)
 @given(algorithm=st.sampled_from(sorted(ALGORITHMS)), width=st.integers(8, 72),
        tokens=st.integers(1, 96), threads=st.integers(1, 4), steps=st.integers(4, 8),
        seed=st.integers(0, 2**16))

@@ -77,7 +77,7 @@ def _rigl_mask(mask, weight, dense_grad, count):
     return new_mask.view_as(mask)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12)
 @given(out_features=st.integers(1, 96), in_features=st.integers(1, 96),
        tokens=st.integers(1, 200), density=st.floats(0.05, 0.5), threads=st.integers(1, 2),
        steps=st.integers(2, 5), seed=st.integers(0, 2**16))

@@ -31,7 +31,7 @@ def test_group_keep_counts_split_the_exact_count_evenly(groups, members, level, 
         assert min(now[g] for g in larger) >= max(now[g] for g in smaller)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(rows_per_group=st.integers(1, 6), groups=st.sampled_from([1, 2, 4, 8]),
        cols=st.integers(2, 24), level=st.floats(0.05, 0.95), by_input=st.booleans(),
        seed=st.integers(0, 2**16), algorithm=st.sampled_from(["rigl", "granet", "set"]))

@@ -161,7 +161,7 @@ class CountedStaircase(Staircase):
         super().update(is_update_step)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(layers=st.integers(1, 4), freq=st.integers(1, 3), start=st.integers(0, 2), steps=st.integers(1, 5),
        counted=st.booleans())
 def test_a_user_schedule_overriding_update_advances_once_per_step_however_many_parameters_share_it(
@@ -371,7 +371,7 @@ def test_a_nan_sentinel_checkpoint_loads_strictly_through_load_state_dict():
     assert not torch.isnan(fresh[0].weight).any() and not fresh[0].weight[~fresh[0].weight_mask].any()
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=8)
 @given(old=st.sampled_from([0.3, 0.5, 0.7]), new=st.sampled_from([0.2, 0.5, 0.8]))
 def test_a_changed_level_across_a_restart_is_applied_with_a_warning(old, new):
     model = mlp(3)
@@ -489,7 +489,7 @@ def test_configure_optimizer_and_lr_scheduler_read_modelzoo_sections():
 
 
 # ------------------------------------------------------------------------- mask algebra
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(rows=st.sampled_from([1, 2, 4]), row_len=st.integers(1, 40), level=st.floats(0.0, 0.99),
        drop=st.floats(0.0, 1.0), seed=st.integers(0, 10_000))
 @example(rows=1, row_len=3, level=1 / 3, drop=0.0, seed=0)  # the reference keeps 1 of 3 here

@@ -71,7 +71,7 @@ def test_a_group_lists_its_members_sparse_params():
 
 
 # ---------------------------------------------------------- 4. configure_sparsity_wrapper
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=6)
 @given(name=st.sampled_from(["static", "gmp", "set", "rigl", "granet"]), before=st.integers(1, 5),
        after=st.integers(1, 5))
 def test_a_wrapper_checkpoint_resumes_bit_identically(name, before, after):

@@ -53,7 +53,7 @@ def poison_pruned_gradients(model, fill):
             module.weight.register_hook(lambda g, m=mask: torch.where(m, g, torch.full_like(g, fill)))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(shape=st.tuples(st.integers(2, 16), st.integers(2, 16)), level=st.floats(0.1, 0.9),
        name=st.sampled_from(ALGORITHMS), micro_batches=st.integers(1, 3),
        fill=st.sampled_from([math.nan, math.inf, -math.inf]), seed=st.integers(0, 2**16))
@@ -78,7 +78,7 @@ def reference_norm(model, alg, shape, seed):
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in live])), dense
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(shape=st.tuples(st.integers(2, 16), st.integers(2, 16)), level=st.floats(0.3, 0.9),
        name=st.sampled_from(ALGORITHMS), seed=st.integers(0, 2**16))
 def test_clip_grad_norm_returns_the_live_weights_norm(shape, level, name, seed):
@@ -98,7 +98,7 @@ def test_a_nan_at_a_pruned_position_does_not_poison_the_clip():
     assert torch.allclose(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0), expected)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20)
 @given(shape=st.tuples(st.integers(3, 16), st.integers(3, 16)), level=st.floats(0.2, 0.8),
        name=st.sampled_from(["set", "rigl", "granet"]), optimizer=st.sampled_from(sorted(OPTIMIZERS)),
        seed=st.integers(0, 2**16))

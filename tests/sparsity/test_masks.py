@@ -126,7 +126,7 @@ def test_apply_mask_on_meta_tensors_does_no_work():
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.lists(st.tuples(st.sampled_from(DTYPES), st.integers(1, 9), st.integers(1, 9),
                           st.booleans(), st.integers(0, 2 ** 31 - 1)), min_size=1, max_size=6))
 def test_masking_many_tensors_in_one_call_is_bit_for_bit_masking_each(tensors):

@@ -49,7 +49,7 @@ def state_tensors(opt, p):
     return [v for v in opt.state.get(p, {}).values() if torch.is_tensor(v) and v.shape == p.shape]
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(shape=shapes, algorithm=st.sampled_from(["set", "rigl"]), level=levels,
        optimizer=st.sampled_from(sorted(OPTIMIZERS)), seed=st.integers(0, 2**16))
 def test_exact_nnz_and_zeros_everywhere_masked(shape, algorithm, level, optimizer, seed):
@@ -70,7 +70,7 @@ def test_exact_nnz_and_zeros_everywhere_masked(shape, algorithm, level, optimize
                 assert (value[grown] == 0).all()  # ... with zero optimizer state
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20)
 @given(shape=shapes, level=st.floats(0.3, 0.9), seed=st.integers(0, 2**16),
        optimizer=st.sampled_from(sorted(OPTIMIZERS)))
 def test_gmp_never_regrows(shape, level, seed, optimizer):
@@ -83,7 +83,7 @@ def test_gmp_never_regrows(shape, level, seed, optimizer):
             assert not (mask & ~old[name]).any()
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20)
 @given(shape=shapes, level=st.floats(0.3, 0.95), seed=st.integers(0, 2**16),
        pruning=st.sampled_from(["global", "layer"]))
 def test_granet_reaches_scheduled_target_at_every_update(shape, level, seed, pruning):
@@ -104,7 +104,7 @@ def test_granet_reaches_scheduled_target_at_every_update(shape, level, seed, pru
         assert kept == budget, (alg.step, kept, budget, total)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15)
 @given(shape=shapes, algorithm=st.sampled_from(DYNAMIC), level=levels, seed=st.integers(0, 2**16))
 def test_same_seed_gives_bit_identical_masks_and_losses(shape, algorithm, level, seed):
     runs = []
@@ -119,7 +119,7 @@ def test_same_seed_gives_bit_identical_masks_and_losses(shape, algorithm, level,
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(shape=shapes, seed=st.integers(0, 2**16), spread=st.floats(0.0, 4.0))
 @example(shape=(8, 8), seed=8, spread=4.0)  # 11 decades: 200 iterations left rows 0.4% apart
 def test_sinkhorn_scaled_equalises_lines_and_keeps_cross_ratios(shape, seed, spread):
@@ -138,7 +138,7 @@ def test_sinkhorn_scaled_equalises_lines_and_keeps_cross_ratios(shape, seed, spr
     torch.testing.assert_close(ratio(scaled), ratio(score), rtol=1e-9, atol=0)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20)
 @given(shape=shapes, seed=st.integers(0, 2**16))
 def test_sinkhorn_scaled_outer_product_is_uniform_and_nan_stays_nan(shape, seed):
     gen = torch.Generator().manual_seed(seed)

@@ -100,7 +100,7 @@ def test_bad_update_cadence(spec, field):
         make_update_schedule(spec)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(freq=st.integers(1, 40), start=st.integers(0, 60), span=st.none() | st.integers(1, 200),
        until=st.integers(0, 400), steps=st.lists(st.integers(1, 300), max_size=6))
 def test_last_update_equals_a_scan_of_every_step(freq, start, span, until, steps) -> None:

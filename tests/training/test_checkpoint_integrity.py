@@ -82,7 +82,7 @@ def written(tmp_path_factory) -> tuple[Path, bytes]:
     return folder, ckpt.checkpoint_path(folder, 1).read_bytes()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.floats(0, 1, exclude_max=True), flip=st.floats(0, 1, exclude_max=True),
        bit=st.integers(0, 7), keep_digest=st.booleans())
 def test_any_truncation_or_flipped_bit_is_refused_as_corrupt(tmp_path, written, cut, flip, bit,

@@ -48,7 +48,7 @@ def sets(tmp_path_factory) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- mixture
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(weights=st.lists(st.sampled_from([0.0, 0.02, 0.1, 0.25, 0.5, 1.0, 3.0]), min_size=4, max_size=4)
        .filter(lambda w: any(x > 0 for x in w) and any(x / sum(w) > 0.05 for x in w)),
        interleave=st.booleans(), seed=st.integers(0, 2**16))

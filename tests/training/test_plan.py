@@ -34,7 +34,7 @@ def test_the_number_of_systems_is_checked_once_by_the_plan(num_csx):
         plan_job(JobSpec.from_yaml("train_input: {batch_size: 1}"), num_csx)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(batch=st.integers(1, 64), num_csx=st.integers(1, 16))
 def test_the_schema_the_service_and_the_plan_apply_one_batch_rule(batch, num_csx):
     """The same answer and the same words wherever a job is checked."""
@@ -82,7 +82,7 @@ def test_the_plan_resolves_what_the_loop_reads():
         plan_job(JobSpec.from_yaml(SPEC.replace("max_sequence_length: 16", "max_sequence_length: 200")))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(specs=st.lists(st.tuples(st.sampled_from(["set", "rigl"]), st.sampled_from([0.5, 0.75, 0.9]),
                                 st.sampled_from([1, 2]), st.sampled_from([2, 4])), min_size=2, max_size=6))
 def test_a_remembered_report_is_the_report_of_its_plan(specs):

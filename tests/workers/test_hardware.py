@@ -108,7 +108,7 @@ nodes_strategy = st.lists(st.builds(Node, address=st.just("n"), systems=st.integ
                                     memory_bytes=st.just(float(2**34))), min_size=1, max_size=4)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(nodes=nodes_strategy, num_csx=st.integers(1, 8))
 def test_resolved_hardware_always_fits_the_nodes(nodes, num_csx):
     """Whatever the cluster, the defaults either place all systems or the job is refused up
@@ -123,7 +123,7 @@ def test_resolved_hardware_always_fits_the_nodes(nodes, num_csx):
     assert hardware.cpus * num_csx <= sum(n.cpus for n in nodes if n.systems)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(systems=st.integers(1, 8), nodes=st.integers(1, 3), cpus=st.integers(1, 8),
        num_csx=st.integers(1, 8), cpus_per_csx=st.none() | st.integers(1, 8))
 def test_a_jobs_footprint_is_what_its_placement_group_holds(systems, nodes, cpus, num_csx,

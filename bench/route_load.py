@@ -17,7 +17,9 @@ private PostgreSQL server from tests/service/pg.sh):
 
 The load's clients are bench/http_client.py's bare asyncio ones; first, as a ceiling, the same
 number of them and of httpx clients load a server that answers at once (what the clients
-alone can drive on this machine's cores).
+alone can drive on this machine's cores); then, as a floor, the bare clients load GET
+/v1/jobs/{id}'s shape (token check, owner lookup, handler, response model) served from memory by
+FastAPI alone (what the framework costs before any database or service code).
 
 Prints per route p50/p99 and the totals (p99 over every request, timeouts, 5xx other than 503,
 jobs left non-terminal); writes bench/results/route_load.json.
@@ -44,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fastapi import Depends, FastAPI, Request
+from pydantic import BaseModel
 
 import http_client  # bench/, this script's folder
 from record import write_json
@@ -100,15 +104,44 @@ def scripted_app() -> Any:
                       tune_collector=True)
 
 
-def serve(port: int, job_s: float, workers: int) -> None:
-    """The server: `workers` processes (uvicorn's) of the scripted app."""
+class FloorJob(BaseModel):
+    id: int
+    name: str
+    status: str
+    params: dict[str, Any]
+
+
+def floor_caller(request: Request) -> str:
+    return request.headers.get("authorization", "")
+
+
+def floor_owned(job_id: int, user: str = Depends(floor_caller)) -> FloorJob:
+    return FloorJob(id=job_id, name="floor", status="RUNNING", params=JOB["params"])
+
+
+def floor_get_job(job: FloorJob = Depends(floor_owned),
+                  user: str = Depends(floor_caller)) -> FloorJob:
+    return job
+
+
+def floor_app() -> FastAPI:
+    """GET /v1/jobs/{id}'s shape without the service: a plain-function token check and owner
+    lookup as dependencies, a plain-function handler and a response model (four thread-pool
+    hops), answering from memory. What FastAPI itself costs per request on this machine."""
+    app = FastAPI()
+    app.get("/v1/jobs/{job_id}", response_model=FloorJob)(floor_get_job)
+    return app
+
+
+def serve(port: int, job_s: float, workers: int, app: str = "scripted_app") -> None:
+    """The server: `workers` processes (uvicorn's) of the scripted app (or the floor's)."""
     import uvicorn
 
     from service.main import KEEP_ALIVE_S
 
     os.environ["ROUTE_LOAD_JOB_S"] = str(job_s)
     sys.path.insert(0, str(Path(__file__).parent))  # the workers import this module
-    uvicorn.run("route_load:scripted_app", factory=True, workers=workers, host="127.0.0.1",
+    uvicorn.run(f"route_load:{app}", factory=True, workers=workers, host="127.0.0.1",
                 port=port, log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE_S)
 
 
@@ -368,6 +401,38 @@ def harness_ceiling(clients: int, seconds: float) -> dict[str, Any]:
     return ceiling
 
 
+def framework_floor(clients: int, seconds: float) -> dict[str, Any]:
+    """`clients` bare clients, each sending when answered, against `floor_app`: the latency
+    the framework alone gives on these cores, before any database or service code."""
+    from service.processes import HOST, StackProcess, free_port, wait_until_up
+
+    async def measure(base: str, pid: int) -> dict[str, Any]:
+        http = http_client.Client(base, {}, CLIENT_TIMEOUT_S)
+        phase = await _phase({"GET": lambda: http.get("/v1/jobs/1")}, clients, seconds, None,
+                             lambda: cpu_seconds(pid))
+        http.close()
+        return phase
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="csx-floor-") as tmp:
+        server = StackProcess.start("uvicorn", [sys.executable, __file__, "serve", "--port",
+                                                str(port), "--job-s", "0", "--app", "floor_app"],
+                                    log_path=Path(tmp) / "server.log", env=dict(os.environ),
+                                    cwd=ROOT)
+        try:
+            wait_until_up(f"http://{HOST}:{port}/v1/jobs/1", server, timeout_s=60)
+            phase = asyncio.run(measure(f"http://{HOST}:{port}", server.popen.pid))
+        finally:
+            server.stop()
+    floor = {key: phase[key] for key in ("requests", "req_per_s", "p50_ms", "p99_ms",
+                                          "server_cpu_ms_per_request", "server_cpu_share")}
+    print(f"framework floor, {clients} clients on GET /v1/jobs/{{id}}'s shape served from "
+          f"memory: {floor['req_per_s']} req/s, p50 {floor['p50_ms']} ms, p99 "
+          f"{floor['p99_ms']} ms, server CPU {floor['server_cpu_ms_per_request']} ms/request",
+          flush=True)
+    return floor
+
+
 def ms(values: list[float], q: float) -> float | None:
     ordered = sorted(values)
     return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) \
@@ -414,6 +479,7 @@ def main() -> int:
     serve_args.add_argument("--port", type=int, required=True)
     serve_args.add_argument("--job-s", type=float, required=True)
     serve_args.add_argument("--workers", type=int, default=1)
+    serve_args.add_argument("--app", default="scripted_app", choices=["scripted_app", "floor_app"])
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgres"],
                         choices=["sqlite", "postgres"])
     parser.add_argument("--clients", type=int, default=50)
@@ -430,16 +496,18 @@ def main() -> int:
     args = parser.parse_args()
     load_at_start = os.getloadavg()
     if args.command == "serve":
-        serve(args.port, args.job_s, args.workers)
+        serve(args.port, args.job_s, args.workers, args.app)
         return 0
     ceiling = harness_ceiling(args.clients, min(args.seconds, 10.0))
+    floor = framework_floor(args.clients, min(args.seconds, 10.0))
     runs = [run_backend(b, args.clients, args.seconds, args.rate, args.job_s, args.keep_dir,
                         args.workers) for b in args.backends]
     write_json(RESULTS, {  # with the machine and its load (bench/record.py)
         "target": f"p99 <= {TARGET_P99_MS:g} ms, 0 timeouts, 0 resets, 0 x 5xx but 503, "
                   "nothing left non-terminal",
         "client": "bench/http_client.py's bare asyncio client, in the same machine's cores",
-        "harness_ceiling": ceiling, "runs": runs}, load_at_start=load_at_start)
+        "harness_ceiling": ceiling, "framework_floor": floor, "runs": runs},
+               load_at_start=load_at_start)
     return 0 if all(r["meets_target"] for r in runs) else 1
 
 

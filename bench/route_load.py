@@ -51,6 +51,7 @@ from pydantic import BaseModel
 
 import http_client  # bench/, this script's folder
 from record import write_json
+from service.cli import default_api_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "route_load.json"
@@ -140,6 +141,7 @@ def serve(port: int, job_s: float, workers: int, app: str = "scripted_app") -> N
     from service.main import KEEP_ALIVE_S
 
     os.environ["ROUTE_LOAD_JOB_S"] = str(job_s)
+    os.environ["CSX_API_WORKERS"] = str(workers)  # as csx serve tells its workers
     sys.path.insert(0, str(Path(__file__).parent))  # the workers import this module
     uvicorn.run(f"route_load:{app}", factory=True, workers=workers, host="127.0.0.1",
                 port=port, log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE_S)
@@ -449,13 +451,15 @@ def run_backend(backend: str, clients: int, seconds: float, rates: list[float], 
             result = asyncio.run(load(base, tokens, folder, url, clients, seconds,
                                       [rate or None for rate in rates],
                                       lambda: cpu_seconds(pid)))
-    result = {"backend": backend, "clients": clients, "seconds": seconds, **result}
+    result = {"backend": backend, "clients": clients, "seconds": seconds, "workers": workers,
+              **result}
     for phase in result["phases"]:
         phase["meets_target"] = (phase["p99_ms"] <= TARGET_P99_MS and phase["timeouts"] == 0
                                  and phase["resets"] == 0 and phase["bad_5xx"] == 0)
         offered = (f"at {phase['offered_req_per_s']:g} req/s offered"
                    if phase["offered_req_per_s"] else "each waiting for its answer")
-        print(f"{backend}: {phase['requests']} requests from {clients} clients {offered}, "
+        print(f"{backend}, {workers} worker(s): {phase['requests']} requests from {clients} "
+              f"clients {offered}, "
               f"{seconds:g} s ({phase['req_per_s']} req/s): p50 {phase['p50_ms']} ms, "
               f"p99 {phase['p99_ms']} ms, server CPU {phase['server_cpu_ms_per_request']} "
               f"ms/request ({phase['server_cpu_share']} of a core; the clients "
@@ -489,8 +493,9 @@ def main() -> int:
                              "(0: each client sends when its last request is answered)")
     parser.add_argument("--job-s", type=float, default=10.0,
                         help="how long a job trains (a tiny-preset job on Ray: 10-30 s)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="uvicorn worker processes (one schedules, the others stand by)")
+    parser.add_argument("--workers", type=int, default=default_api_workers(),
+                        help="uvicorn worker processes (one schedules, the others stand by; "
+                             "default: csx serve's)")
     parser.add_argument("--keep-dir", type=Path,
                         help="keep each backend's folder (server.log, databases) here")
     args = parser.parse_args()

@@ -30,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--dev-token", action="store_true", help="print a fresh admin token")
     serve.add_argument("--paused", action="store_true", help="queue jobs but start none")
+    serve.add_argument("--workers", type=int, default=None,
+                       help="API processes on the port, a core each at most; one schedules, "
+                            "the others stand by (default: CSX_API_WORKERS, else 2, or 1 on "
+                            "one core)")
     serve.add_argument("--no-mlflow-ui", action="store_true",
                        help="log straight into a SQLite CSX_MLFLOW_TRACKING_URI (its records then "
                             "hold absolute artifact paths) instead of through an MLflow UI")
@@ -87,6 +91,14 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("CSX_TOKEN"))
 
 
+def default_api_workers() -> int:
+    """API processes `csx serve` runs unless told: two answer 50 clients twice as fast as one
+    on a 2-core VM (docs/benchmarks.md); more were not measured."""
+    from workers.hardware import usable_cores
+
+    return min(2, usable_cores())
+
+
 # Set in the API process `csx serve` runs and restarts (`_supervise_api`).
 API_PROCESS_ENV = "CSX_SERVE_API_PROCESS"
 MAX_API_RESTARTS = 5
@@ -99,7 +111,8 @@ def serve_command(args: argparse.Namespace) -> int:
     dead one's lease at once and resumes its jobs from their last checkpoints."""
     from service.settings import Settings
 
-    Settings().check_clear_of_ray_workers(args.port)
+    # Checked once here: a bad --workers would fail every restart of the API process.
+    Settings(**serve_overrides(args)).check_clear_of_ray_workers(args.port)
     if os.environ.get(API_PROCESS_ENV) == "1":
         return _serve_api(args)
     return _supervise_api(args)
@@ -116,6 +129,7 @@ def _supervise_api(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "service.cli", "serve", "--host", args.host,
             "--port", str(args.port)]
     argv += ["--paused"] * args.paused + ["--no-mlflow-ui"] * args.no_mlflow_ui
+    argv += ["--workers", str(args.workers)] if args.workers is not None else []
     settings = Settings()
     ports = [args.port]
     if settings.mlflow_tracking_uri.startswith("sqlite:") and not args.no_mlflow_ui:
@@ -169,12 +183,9 @@ def _serve_api(args: argparse.Namespace) -> int:
     from service.processes import MLFLOW_ARTIFACTS, StackError
     from service.settings import Settings
 
-    overrides: dict[str, Any] = {}
-    if args.dev_token:
-        overrides["dev_token"] = True
-    if args.paused:
-        overrides["paused"] = True
-    settings = Settings(**overrides)
+    settings = Settings(**serve_overrides(args))
+    if "api_workers" not in settings.model_fields_set:  # neither --workers nor CSX_API_WORKERS
+        settings = settings.model_copy(update={"api_workers": default_api_workers()})
     ui = None
     if settings.mlflow_tracking_uri.startswith("sqlite:") and not args.no_mlflow_ui:
         # Runs logged through the UI's artifact proxy record `mlflow-artifacts:/` locations, not
@@ -201,12 +212,54 @@ def _serve_api(args: argparse.Namespace) -> int:
     # the default one would end the process by the signal: a stop that went well exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        uvicorn.run(create_app(settings, tune_collector=True), host=args.host, port=args.port,
-                    timeout_keep_alive=KEEP_ALIVE_S)
+        if settings.api_workers == 1:
+            uvicorn.run(create_app(settings, tune_collector=True), host=args.host,
+                        port=args.port, timeout_keep_alive=KEEP_ALIVE_S)
+        else:
+            _prepare_workers(settings)
+            # A worker busy past uvicorn's 5 s health check would be killed with its jobs.
+            uvicorn.run("service.main:app", workers=settings.api_workers, host=args.host,
+                        port=args.port, timeout_keep_alive=KEEP_ALIVE_S,
+                        timeout_worker_healthcheck=60)
     finally:
         if ui is not None:
             ui.close()
     return 0
+
+
+def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings `csx serve`'s flags set."""
+    overrides: dict[str, Any] = {}
+    if args.dev_token:
+        overrides["dev_token"] = True
+    if args.paused:
+        overrides["paused"] = True
+    if args.workers is not None:
+        overrides["api_workers"] = args.workers
+    return overrides
+
+
+def _prepare_workers(settings: Any) -> None:
+    """What one process does before uvicorn starts `settings.api_workers` of them: migrate the
+    database (two workers migrating one at once fail) and print the dev token (each worker
+    would rotate it); then the workers' settings, which they build from the environment
+    (`service.main:app`), get what this process's settings changed."""
+    from service.db import make_engine, make_sessionmaker, upgrade_database
+    from service.main import print_dev_token
+
+    if settings.run_migrations_on_start:
+        upgrade_database(settings.database_url)
+    if settings.dev_token:
+        engine = make_engine(settings.database_url)
+        print_dev_token(make_sessionmaker(engine))
+        engine.dispose()
+    os.environ.update({
+        "CSX_API_WORKERS": str(settings.api_workers), "CSX_PAUSED": str(settings.paused),
+        "CSX_DEV_TOKEN": "false", "CSX_RUN_MIGRATIONS_ON_START": "false",
+        "CSX_MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
+        "CSX_MLFLOW_UI_URL": settings.mlflow_ui_url})
+    if settings.mlflow_admin_password is not None:
+        os.environ["CSX_MLFLOW_ADMIN_PASSWORD"] = settings.mlflow_admin_password.get_secret_value()
 
 
 def with_ui_admin(settings: Any, store: Path) -> Any:

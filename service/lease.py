@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.models import SchedulerLease
+from service.processes import parent_of
 
 LEASE_NAME = "scheduler"
 
@@ -28,17 +29,34 @@ LEASE_NAME = "scheduler"
 class LeaseHeld(RuntimeError):
     """Another server schedules this database's jobs; the message names it."""
 
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
 
 def new_holder() -> str:
     """`host:pid:random`: the random part tells two servers of one process (tests) apart."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
-def _holder_is_gone(holder: str) -> bool:
-    """A holder of this host whose process no longer exists."""
+def _local_pid(holder: str) -> int | None:
+    """The process id of a holder of this host."""
     host, _, rest = holder.partition(":")
     pid = rest.partition(":")[0]
-    return host == socket.gethostname() and pid.isdigit() and not os.path.exists(f"/proc/{pid}")
+    return int(pid) if host == socket.gethostname() and pid.isdigit() else None
+
+
+def _holder_is_gone(holder: str) -> bool:
+    """A holder of this host whose process no longer exists."""
+    pid = _local_pid(holder)
+    return pid is not None and not os.path.exists(f"/proc/{pid}")
+
+
+def is_sibling(holder: str) -> bool:
+    """A holder that is another API process of this one's `csx serve` (uvicorn's workers
+    share a parent)."""
+    pid = _local_pid(holder)
+    return pid is not None and pid != os.getpid() and parent_of(pid) == os.getppid()
 
 
 def acquire(session: Session, holder: str, ttl_s: float) -> None:
@@ -60,10 +78,10 @@ def acquire(session: Session, holder: str, ttl_s: float) -> None:
         raise LeaseHeld(
             f"another csx server ({current.holder}) schedules the jobs of this database until "
             f"{current.expires_at:%Y-%m-%d %H:%M:%S} UTC; stop it, or point this one at "
-            "another CSX_DATABASE_URL")
+            "another CSX_DATABASE_URL", current.holder)
     if not _swap(session, expected=current.holder, holder=holder, expires=expires):
         raise LeaseHeld("another csx server took the scheduler lease of this database "
-                        "at the same moment")
+                        "at the same moment", "")
 
 
 def renew(session: Session, holder: str, ttl_s: float) -> bool:

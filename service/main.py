@@ -19,6 +19,7 @@ from service.api.openapi import build_openapi
 from service.db import make_engine, make_sessionmaker, upgrade_database
 from service.launcher import Launcher
 from service.limits import BodySizeLimit, FailedAuthLimiter
+from service.processes import term_on_parent_death
 from service.scheduler import DATABASE_UNAVAILABLE, Scheduler
 from service.settings import Settings
 
@@ -47,6 +48,9 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.check_clear_of_ray_workers()
+        if settings.api_workers > 1:
+            # uvicorn's workers outlive a killed parent, holding the port and the lease.
+            term_on_parent_death(os.getppid())
         if tune_collector:
             heap.tune_collection()
         if settings.run_migrations_on_start:
@@ -66,7 +70,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
         try:
             scheduler.start()  # LeaseHeld if another server schedules this database
             if settings.dev_token:
-                _print_dev_token(app)
+                print_dev_token(app.state.sessionmaker)
             yield
         finally:
             scheduler.stop()
@@ -79,8 +83,8 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     app.state.settings = settings
     app.state.body_parsers = {size: anyio.CapacityLimiter(threads)
                               for size, threads in PARSE_THREADS.items()}
-    app.state.auth_limiter = FailedAuthLimiter(settings.auth_failures_max,
-                                               settings.auth_failures_window_s)
+    share = -(-settings.auth_failures_max // settings.api_workers)  # rounded up
+    app.state.auth_limiter = FailedAuthLimiter(share, settings.auth_failures_window_s)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(api_router, prefix=API_PREFIX)
     app.openapi = lambda: app.openapi_schema or _cache_openapi(app)  # type: ignore[method-assign]
@@ -123,8 +127,8 @@ async def _method_not_allowed(request: Request, exc: Exception) -> Response:
                         headers={"Allow": ", ".join(sorted(allowed))})
 
 
-def _print_dev_token(app: FastAPI) -> None:
-    with app.state.sessionmaker() as session:
+def print_dev_token(sessionmaker: Any) -> None:
+    with sessionmaker() as session:
         secret = crud.rotate_token(session, name=DEV_TOKEN_NAME, is_admin=True)
         session.commit()
     print(f"csx dev token (admin): {secret}", flush=True)

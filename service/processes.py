@@ -139,8 +139,9 @@ _PR_SET_PDEATHSIG = 1
 
 
 def term_on_parent_death(parent: int) -> None:
-    """Run in the forked child before exec: SIGTERM it when the forking thread exits, or now
-    if `parent` already died between fork and this call (then the child was reparented)."""
+    """Run in a child (forked, before exec; or a worker process at its start): SIGTERM it
+    when the thread that started it exits, or now if `parent` already died before this call
+    (then the child was reparented)."""
     if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:
@@ -153,6 +154,11 @@ def _stat_fields(pid: int) -> list[str] | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def parent_of(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields else None  # field 4: the parent's id
 
 
 def _start_time(pid: int) -> int | None:

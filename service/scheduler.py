@@ -113,6 +113,7 @@ class Scheduler:
         self.holder = lease.new_holder()
         self._lease_checked = 0.0  # time.monotonic() of the last renewal or takeover attempt
         self.standby: str | None = None  # why this server does not schedule: the holder
+        self._standby_holder = ""  # and that holder's id
         # time.monotonic() of the last complete tick, or of the start: a server whose first
         # tick has not ended yet is as fresh as one that has just ticked.
         self.last_tick_ok = time.monotonic()
@@ -164,11 +165,13 @@ class Scheduler:
     @property
     def health(self) -> str:
         """running | standby (another server schedules) | stalled (no complete tick for a
-        while: the database?) | stopped."""
+        while: the database?) | stopped. Under `csx serve --workers`, a process standing by
+        for another of the same server answers as that one would: the server schedules (a
+        sibling that stalls loses the lease to this one)."""
         if not self.running:
             return "stopped"
         if self.standby is not None:
-            return "standby"
+            return "running" if lease.is_sibling(self._standby_holder) else "standby"
         stale_after = max(10.0, 50 * self.settings.scheduler_interval_s)
         if time.monotonic() - self.last_tick_ok > stale_after:
             return "stalled"
@@ -261,10 +264,11 @@ class Scheduler:
             with self.sessions() as session:
                 lease.acquire(session, self.holder, self.settings.lease_ttl_s)
         except lease.LeaseHeld as held:
-            if self.standby != str(held):
+            # Once per holder: the message's expiry moves with every renewal.
+            if self._standby_holder != held.holder and not lease.is_sibling(held.holder):
                 logger.warning("standing by: %s. This server answers the API; it takes over "
                                "if that lease expires.", held)
-            self.standby = str(held)
+            self.standby, self._standby_holder = str(held), held.holder
             return False
         self.standby = None
         return True
@@ -285,7 +289,8 @@ class Scheduler:
         if not renewed:
             # This server stalled past its lease and another one took over its jobs: stop
             # running them here, record nothing, and stand by.
-            self.standby = "another server took over this database's scheduler lease"
+            self.standby, self._standby_holder = \
+                "another server took over this database's scheduler lease", ""
             logger.error("%s; stopping this server's worker groups", self.standby)
             with self._executions_lock:
                 executions = list(self._executions.values())

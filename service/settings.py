@@ -70,8 +70,12 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=40, ge=2, le=1000)
     # Longest wait for one of them (or for the database) before answering 503 + Retry-After.
     db_wait_s: float = Field(default=10.0, gt=0, le=300, allow_inf_nan=False)
+    # API processes `csx serve` runs on its port (uvicorn's workers; one Python process uses
+    # one core, docs/benchmarks.md): one schedules, the others stand by and answer the API.
+    api_workers: int = Field(default=1, ge=1, le=64)
     # Failed authentications a client address may make per window before its requests answer
-    # 429 with Retry-After (service/limits.py).
+    # 429 with Retry-After (service/limits.py), in all: each of `api_workers` processes counts
+    # its share, so a client spreading its guesses over them gets no more.
     auth_failures_max: int = Field(default=10, ge=1, le=10_000)
     auth_failures_window_s: float = Field(default=60.0, gt=0, le=86400, allow_inf_nan=False)
     # One scheduler per database: the server holding the lease renews it every tick; a second

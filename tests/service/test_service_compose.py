@@ -64,5 +64,5 @@ def test_every_way_the_api_runs_keeps_idle_connections_longer_than_clients_do(
     monkeypatch.setattr(signal, "signal", lambda *_: None)  # csx serve's SIGTERM handler
     monkeypatch.setenv("CSX_DATABASE_URL", f"sqlite:///{tmp_path / 'csx.db'}")
     cli._serve_api(argparse.Namespace(host="127.0.0.1", port=8123, dev_token=False,
-                                      paused=True, no_mlflow_ui=True))
+                                      paused=True, no_mlflow_ui=True, workers=1))
     assert served["timeout_keep_alive"] == KEEP_ALIVE_S  # csx serve

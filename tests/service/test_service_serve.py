@@ -22,8 +22,9 @@ import httpx
 import pytest
 
 from service.local_stack import DEV_TOKEN_LINE
-from service.processes import StackProcess, descendants, free_port, wait_for_line, wait_until_up
-from service_helpers import kill_and_expect_nothing_left, wait_for
+from service.processes import (StackProcess, descendants, free_port, parent_of, wait_for_line,
+                               wait_until_up)
+from service_helpers import kill_and_expect_nothing_left, processes_with_env, wait_for
 
 TINY = {
     "train_input": {"batch_size": 2, "max_sequence_length": 8},
@@ -125,7 +126,9 @@ def test_serve_survives_losing_its_ray_head_and_resumes_the_job(tmp_path: Path) 
     exits), and its job resumed only after a manual restart. Now csx serve restarts its API
     process, which starts a new head and resumes the job from its last checkpoint."""
     # Ray's 60 s without its GCS before a driver exits, shortened for the test.
-    server, http = _start_serve(tmp_path, "--no-mlflow-ui",
+    # One API process: csx serve's own restart is under test (with two, uvicorn restarts the
+    # dead worker and the other one takes over the job).
+    server, http = _start_serve(tmp_path, "--no-mlflow-ui", "--workers", "1",
                                 RAY_gcs_rpc_server_reconnect_timeout_s="5")
     try:
         params = {**TINY, "runconfig": {**TINY.get("runconfig", {}), "max_steps": 100,
@@ -152,5 +155,58 @@ def test_serve_survives_losing_its_ray_head_and_resumes_the_job(tmp_path: Path) 
         assert "restarting it" in server.log_tail(400)
         events = [e["to_status"] for e in http.get(f"/v1/jobs/{job_id}/events").json()["data"]]
         assert "RECOVERING" in events and "FAILED" not in events, events
+    finally:
+        server.stop()
+
+
+def _api_workers(server: StackProcess) -> tuple[int, list[int]]:
+    """(the API process, its uvicorn worker processes) under `csx serve`."""
+    api = [pid for pid in descendants(server.popen.pid)
+           if parent_of(pid) == server.popen.pid]
+    assert len(api) == 1, api
+    workers = [pid for pid in descendants(api[0])
+               if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    return api[0], sorted(workers)
+
+
+def test_serve_with_two_workers_answers_as_one_server(tmp_path: Path) -> None:
+    """`csx serve --workers 2`: one worker schedules, the other stands by, and every
+    connection meets the same server: its scheduler running, the dev token printed once
+    valid, the failed-authentication budget shared (not doubled). A killed API process takes
+    its workers along (they would hold the port), and a SIGTERM still exits 0."""
+    server, http = _start_serve(tmp_path, "--no-mlflow-ui", "--workers", "2",
+                                CSX_AUTH_FAILURES_MAX="4")
+    try:
+        api, workers = _api_workers(server)
+        assert len(workers) == 2, workers
+        url, token = str(http.base_url), http.headers["Authorization"]
+        for _ in range(12):  # fresh connections: each may meet either worker
+            with httpx.Client(base_url=url, timeout=30) as fresh:
+                assert fresh.get("/v1/healthz").json()["scheduler"] == "running"
+                assert fresh.get("/v1/jobs", headers={"Authorization": token}).status_code == 200
+        answers = []
+        for _ in range(8):
+            with httpx.Client(base_url=url, timeout=30) as fresh:
+                answers.append(fresh.get("/v1/jobs", headers={
+                    "Authorization": "Bearer csx_wrong"}).status_code)
+        assert 429 in answers and answers.index(429) <= 4, answers
+
+        os.kill(api, signal.SIGKILL)
+        wait_for(lambda: not any(_state(pid) for pid in workers), 60,
+                 "the killed API process's workers to exit")
+
+        def restarted() -> bool:
+            try:
+                with httpx.Client(base_url=url, timeout=30) as fresh:
+                    return fresh.get("/v1/healthz").json()["scheduler"] == "running"
+            except httpx.TransportError:
+                return False  # between the old API process and the new one
+
+        wait_for(restarted, 120, "the restarted API process to answer")
+        assert _api_workers(server)[0] != api
+        server.popen.send_signal(signal.SIGTERM)
+        assert server.popen.wait(60) == 0, server.log_tail()
+        wait_for(lambda: processes_with_env(str(tmp_path)) == [], 60,
+                 "every process of the stopped server to exit")
     finally:
         server.stop()

@@ -179,7 +179,7 @@ def _supervise_api(args: argparse.Namespace) -> int:
 def _serve_api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from service.main import KEEP_ALIVE_S, create_app
+    from service.main import KEEP_ALIVE_S, WORKER_HEALTHCHECK_S, create_app
     from service.processes import MLFLOW_ARTIFACTS, StackError
     from service.settings import Settings
 
@@ -217,10 +217,9 @@ def _serve_api(args: argparse.Namespace) -> int:
                         port=args.port, timeout_keep_alive=KEEP_ALIVE_S)
         else:
             _prepare_workers(settings)
-            # A worker busy past uvicorn's 5 s health check would be killed with its jobs.
             uvicorn.run("service.main:app", workers=settings.api_workers, host=args.host,
                         port=args.port, timeout_keep_alive=KEEP_ALIVE_S,
-                        timeout_worker_healthcheck=60)
+                        timeout_worker_healthcheck=WORKER_HEALTHCHECK_S)
     finally:
         if ui is not None:
             ui.close()

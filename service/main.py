@@ -34,6 +34,10 @@ API_PREFIX = "/v1"
 # server closed it met a reset (50 clients: dozens). Longer than any client keeps them, the
 # client closes first. `csx serve`, the Dockerfile and docker-compose.yml pass it.
 KEEP_ALIVE_S = 75
+# uvicorn kills a worker that answers no health ping for this long (its default: 5 s); one
+# busy with a burst of requests on a loaded host is not hung. `csx serve` and
+# docker-compose.yml pass it.
+WORKER_HEALTHCHECK_S = 60
 DEV_TOKEN_NAME = "dev"
 # The scheduler thread and the job threads' short writes (queued, not failed, past this many).
 SCHEDULER_CONNECTIONS = 16

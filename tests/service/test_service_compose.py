@@ -51,13 +51,15 @@ def test_every_way_the_api_runs_keeps_idle_connections_longer_than_clients_do(
     import uvicorn
 
     from service import cli
-    from service.main import KEEP_ALIVE_S
+    from service.main import KEEP_ALIVE_S, WORKER_HEALTHCHECK_S
 
     client_expiry = inspect.signature(httpx.Limits).parameters["keepalive_expiry"].default
     assert KEEP_ALIVE_S > 2 * client_expiry
     flag = f"--timeout-keep-alive {KEEP_ALIVE_S}"
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     assert flag in compose["services"]["api"]["command"]
+    assert f"--timeout-worker-healthcheck {WORKER_HEALTHCHECK_S}" in \
+        compose["services"]["api"]["command"]
     assert flag.replace(" ", '", "') in (ROOT / "Dockerfile").read_text()
     served = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(options))

@@ -37,6 +37,7 @@ from sqlalchemy import select
 
 from service import crud
 from service.db import make_engine, make_sessionmaker
+from service.main import WORKER_HEALTHCHECK_S
 from service.processes import (
     HOST,
     RAY_STARTED,
@@ -111,6 +112,7 @@ class Topology:
             "RAY_AUTH_MODE": "disabled",
             "MLFLOW_TRACKING_URI": self.mlflow_url,
             "CSX_RUN_MIGRATIONS_ON_START": "false",
+            "CSX_API_WORKERS": compose_environment("api")["CSX_API_WORKERS"],
             "CSX_MLFLOW_ADMIN_USERNAME": ADMIN,
             "CSX_MLFLOW_ADMIN_PASSWORD": self.admin_password,
         }
@@ -197,7 +199,9 @@ def start_topology(topology: Topology, postgres: PostgresServer) -> None:
     wait_until_up(f"{topology.mlflow_url}/health", mlflow, START_TIMEOUT_S)
     wait_for_line(RAY_STARTED, ray, START_TIMEOUT_S)
     api = topology.start("api", [sys.executable, "-m", "uvicorn", "service.main:app",
-                                 "--host", HOST, "--port", str(api_port)], env)
+                                 "--host", HOST, "--port", str(api_port),
+                                 "--workers", env["CSX_API_WORKERS"],
+                                 "--timeout-worker-healthcheck", str(WORKER_HEALTHCHECK_S)], env)
     wait_until_up(f"{topology.api_url}/v1/healthz", api, START_TIMEOUT_S)
 
 

@@ -44,7 +44,7 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from service import crud, joblogs, lease, run_tags
 from service.checkpoints import remove_unfinished_writes
-from service.experiments import find_run, owned_experiment_id
+from service.experiments import find_run, mlflow_unreachable, owned_experiment_id
 from service.jobs import memory_problems
 from service.launcher import Handle, Launcher, RayLauncher
 from service.mlflow_auth import experiment_name
@@ -65,6 +65,7 @@ REQUEUE = "requeue"  # ... when its systems left the cluster: back to the queue,
 # A job's workers die with the Ray head a moment before the head's watcher notices.
 CLUSTER_LOSS_GRACE_S = 3.0
 REPORT_FLUSH_S = 15.0  # how long a stop waits for finished studies' reports to reach MLflow
+MLFLOW_POLL_S = 5.0  # how often a job waiting for its MLflow server asks it again
 
 
 @dataclass
@@ -78,12 +79,14 @@ class Execution:
     outcome: tuple[JobStatus, str, dict[str, Any] | None] | None = None
     thread: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stopped: threading.Event = field(default_factory=threading.Event)  # set with stop_reason
 
     def stop(self, reason: str) -> None:
         with self.lock:
             if self.stop_reason is None:
                 self.stop_reason = reason
             handle = self.handle
+        self.stopped.set()
         if handle is not None:
             handle.cancel()
 
@@ -396,6 +399,12 @@ class Scheduler:
         except DATABASE_UNAVAILABLE as err:
             logger.warning("study reports not logged before stopping: %s", err)
             return
+        if (away := mlflow_unreachable(self.settings.mlflow_tracking_uri)) is not None:
+            # Waiting would only delay the stop (past docker's 10 s grace): the next start
+            # logs them (their studies still have no report).
+            logger.warning("study reports and run tags not logged before stopping: the MLflow "
+                           "server does not answer (%s)", away)
+            return
         run_tags.flush(self.settings.mlflow_tracking_uri, timeout_s)
 
     def _log_report(self, study_id: int) -> None:
@@ -507,23 +516,66 @@ class Scheduler:
             launch_args = {
                 "mode": job.mode, "model_dir": str(model_dir),
                 "mlflow_run_id": job.mlflow_run_id,
-                "parent_run_id": None,
                 "progress": lambda event: self._on_progress(execution, event),
-                "tracking_uri": self.settings.mlflow_tracking_uri,
                 "run_name": run_name, "tags": run_tags,
             }
             study_id, owner = job.study_id, (job.owner_id, owner_name(job), job.experiment)
             session.commit()
-        # Outside the transaction: MLflow may take minutes to answer.
-        experiment_id = self._experiment_of(job_id, *owner)
-        launch_args["experiment_id"] = experiment_id
-        if launch_args["mlflow_run_id"] is None:
-            # A run opened for the job by a server stopped before it recorded the run.
-            launch_args["mlflow_run_id"] = find_run(self.settings, experiment_id,
-                                                    {"csx.job_id": str(job_id)})
-        if study_id is not None:
-            launch_args["parent_run_id"] = self._parent_run(study_id)
+        # Outside the transaction: MLflow may take minutes to answer. While its server does
+        # not answer, the job waits for it here (its status message says so) until it does or
+        # the job is stopped; a call that fails because the server left meanwhile waits again.
+        while self._mlflow_answers(execution):
+            try:
+                launch_args.update(self._mlflow_ids(job_id, owner, study_id,
+                                                    launch_args["mlflow_run_id"]))
+                break
+            except Exception:
+                if mlflow_unreachable(self.settings.mlflow_tracking_uri) is None:
+                    raise
+                joblogs.append(execution.folder, traceback.format_exc())
         return plan, launch_args
+
+    def _mlflow_answers(self, execution: Execution) -> bool:
+        """Whether the MLflow server answers, waiting for it while it does not: False when the
+        job was stopped (cancel, shutdown) meanwhile."""
+        shown: str | None = None  # the status message saying why the job waits
+        replaced: str | None = None  # the one it replaced, put back once the server answers
+
+        def show(session: Session, job: Job) -> None:
+            nonlocal replaced
+            if job.status in (S.PROVISIONING, S.RUNNING, S.RECOVERING):  # not a cancel's
+                replaced = job.status_message if replaced is None else replaced
+                job.status_message = shown
+
+        def restore(session: Session, job: Job) -> None:
+            if job.status_message == shown:
+                job.status_message = replaced
+
+        while (away := mlflow_unreachable(self.settings.mlflow_tracking_uri)) is not None:
+            if execution.stop_reason is not None:
+                return False
+            if shown != (message := f"waiting for the MLflow server: {away}"):
+                shown = message
+                self._apply(execution.job_id, show)
+                joblogs.append(execution.folder, message)
+            if execution.stopped.wait(MLFLOW_POLL_S):
+                return False
+        if shown is not None:
+            self._apply(execution.job_id, restore)
+            joblogs.append(execution.folder, "the MLflow server answers again")
+        return execution.stop_reason is None
+
+    def _mlflow_ids(self, job_id: int, owner: tuple[int, str, str], study_id: int | None,
+                    run_id: str | None) -> dict[str, str | None]:
+        """The job's experiment, its run (when a stopped server opened one) and its study's
+        parent run: what its workers log to."""
+        experiment_id = self._experiment_of(job_id, *owner)
+        if run_id is None:
+            # A run opened for the job by a server stopped before it recorded the run.
+            run_id = find_run(self.settings, experiment_id, {"csx.job_id": str(job_id)})
+        return {"tracking_uri": self.settings.mlflow_tracking_uri,
+                "experiment_id": experiment_id, "mlflow_run_id": run_id,
+                "parent_run_id": None if study_id is None else self._parent_run(study_id)}
 
     def _experiment_of(self, job_id: int, owner_id: int, owner_name: str,
                        experiment: str) -> str:

@@ -145,6 +145,12 @@ def test_credentials_answer_503_while_mlflow_is_away(service_settings: Settings,
     assert response.status_code == 503 and "cannot be reached" in response.text
 
 
+def test_the_authenticating_server_answers_the_probe_jobs_wait_on(mlflow_server: str) -> None:
+    from service.experiments import mlflow_unreachable
+
+    assert mlflow_unreachable(mlflow_server) is None  # /health needs no account
+
+
 def test_a_user_named_like_the_admin_account_gets_no_credentials(auth_client: TestClient) -> None:
     response = auth_client.get("/v1/mlflow/credentials",
                                headers=make_token(auth_client, ADMIN[0]))

@@ -242,8 +242,9 @@ def test_a_study_is_accepted_while_mlflow_is_away(service_settings: Settings,
     MLflow away the submission hung in MLflow's client, then failed. The study's first job opens
     it as it starts, with no database transaction open meanwhile: a job beside it (in another
     experiment, which it creates as it starts) is validated and waits on MLflow too."""
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")
+    from service import experiments
+
+    monkeypatch.setattr(experiments, "PROBE_TIMEOUT_S", 1.0)
     with socket.socket() as silent:  # accepts connections (the backlog), never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
@@ -255,11 +256,70 @@ def test_a_study_is_accepted_while_mlflow_is_away(service_settings: Settings,
             assert response.status_code == 201, response.text
             assert response.json()["mlflow_run_id"] is None  # opened once its first job starts
             study_job = response.json()["jobs"][0]["id"]
-            wait_for(lambda: client.get(f"/v1/jobs/{study_job}", headers=alice).json()["status"]
-                     == "PROVISIONING", 60, "the study's first job to wait on MLflow")
-            wait_status(client, alice, _submit(client, alice, experiment="beside"),
-                        "PROVISIONING", timeout_s=60)
-            silent.close()  # MLflow's client gives up: the study's jobs fail, nothing hangs
+            beside = _submit(client, alice, experiment="beside")
+            for job_id in (study_job, beside):
+                wait_for(lambda: "waiting for the MLflow server: no answer within 1 s" in str(
+                    client.get(f"/v1/jobs/{job_id}", headers=alice).json()["status_message"]),
+                    60, "the job to say it waits for MLflow")
+    # Leaving the app stopped the waiting jobs: they stay PROVISIONING, resumable at a start.
+
+
+def test_a_job_waits_for_mlflow_until_it_answers_or_the_job_is_cancelled(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Today a job whose MLflow server was away at its start sat in MLflow's client for four
+    minutes, deaf to its cancel, then FAILED. It waits now, saying so, and a cancel ends it."""
+    from service import scheduler
+
+    monkeypatch.setattr(scheduler, "MLFLOW_POLL_S", 0.2)
+    settings = client.app.state.settings
+    answering, settings.mlflow_tracking_uri = settings.mlflow_tracking_uri, "http://127.0.0.1:9"
+
+    def message(job_id: int) -> str:
+        return str(client.get(f"/v1/jobs/{job_id}", headers=alice).json()["status_message"])
+
+    cancelled, waits = _submit(client, alice), _submit(client, alice)
+    for job_id in (cancelled, waits):
+        wait_for(lambda: message(job_id) == "waiting for the MLflow server: connection refused",
+                 30, "the job to say it waits for MLflow")
+    assert client.post(f"/v1/jobs/{cancelled}:cancel", headers=alice).status_code == 202
+    wait_status(client, alice, cancelled, "CANCELLED", timeout_s=30)
+    assert client.get(f"/v1/jobs/{waits}", headers=alice).json()["status"] == "PROVISIONING"
+    assert not launcher.handles
+
+    settings.mlflow_tracking_uri = answering  # the server is back: the job goes on
+    handle = launcher.handle_for(waits, timeout_s=30)
+    assert handle.kwargs["experiment_id"] and len(launcher.handles) == 1
+    log = client.get(f"/v1/jobs/{waits}/logs", headers=alice).text
+    assert "waiting for the MLflow server: connection refused" in log
+    assert "the MLflow server answers again" in log
+
+
+@pytest.mark.parametrize(("status", "away"), [(200, None), (401, None), (404, None),
+                                              (503, "it answers HTTP 503")])
+def test_a_server_that_answers_anything_but_a_5xx_counts_as_there(status: int,
+                                                                 away: str | None) -> None:
+    """A 401 or a 404 is the server's own refusal (its account rules, an older MLflow): the job
+    goes on and MLflow's client reports the real error; a 5xx (a proxy with no server behind
+    it) means waiting."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from service.experiments import mlflow_unreachable
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Answer) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            assert mlflow_unreachable(f"http://127.0.0.1:{server.server_port}/") == away
+        finally:
+            server.shutdown()
 
 
 def test_a_studys_jobs_share_the_parent_run_their_first_start_opened(

@@ -11,6 +11,8 @@ long it takes to recover, what is lost, stuck, run twice, or answered 5xx other 
 5. SIGTERM to `csx serve`: exit code 0.
 6. the MLflow UI of `csx serve` killed: back on its port.
 7. MLflow away: a job and a study submitted and the job cancelled must answer at once.
+8. the MLflow server killed mid-run (a real training job) and back 20 s later: training goes
+   on, and the run ends FINISHED with every metric step and mask update.
 Faults of files and checkpoints (items 7-9) are bench/file_faults.py's; a real training job's
 worker and API kills, bench/recovery.py's.
 
@@ -23,6 +25,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +51,7 @@ from record import write_json  # noqa: E402  (bench/ is on sys.path as a script)
 
 RESULTS = ROOT / "bench" / "results" / "service_faults.json"
 CLIENTS, REQUESTS = 50, 1000
+OUTAGE_S = 20.0  # how long the MLflow server stays down mid-run
 
 
 def load(folder: Path) -> dict[str, Any]:
@@ -311,8 +315,102 @@ def mlflow_ui_killed(folder: Path) -> dict[str, Any]:
             "bad_5xx": 0}
 
 
+def mlflow_killed_mid_run(folder: Path) -> dict[str, Any]:
+    """A real training job (Ray, one system) whose MLflow server is SIGKILLed once training is
+    past its first checkpoint and started again on its port OUTAGE_S later: training must go
+    on meanwhile (steps/s kept), the job say so, and its run end FINISHED with every metric
+    step and mask update of the job."""
+    from mlflow import MlflowClient
+
+    from recovery import recovery_params
+    from service_helpers import ServerProcess
+
+    from service.processes import mlflow_ui_argv
+
+    port = free_port()
+    mlflow_url = f"http://{HOST}:{port}"
+
+    def start_mlflow() -> StackProcess:
+        process = StackProcess.start(
+            "mlflow ui", mlflow_ui_argv(folder / "mlflow.db", folder / "mlartifacts", port),
+            log_path=folder / f"mlflow-{time.monotonic_ns()}.log", env=dict(os.environ),
+            cwd=folder)
+        wait_until_up(f"{mlflow_url}/health", process, 180)
+        return process
+
+    env = {**os.environ, "CSX_DATABASE_URL": f"sqlite:///{folder / 'jobs.db'}",
+           "CSX_RUNS_DIR": str(folder / "runs"), "CSX_CLUSTER_SIZE": "1",
+           "CSX_MLFLOW_TRACKING_URI": mlflow_url, "RAY_AUTH_MODE": "disabled",
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    mlflow_server = start_mlflow()
+    server = ServerProcess(env, folder)
+    try:
+        server.start(timeout_s=180)
+        with httpx.Client(base_url=server.url, timeout=60) as api:
+            token = subprocess.run(
+                [sys.executable, "-m", "service.cli", "token", "create", "--name", "away"],
+                env=env, cwd=ROOT, check=True, capture_output=True, text=True,
+            ).stdout.strip().splitlines()[-1]
+            api.headers["Authorization"] = f"Bearer {token}"
+            params = recovery_params()
+            params["runconfig"]["max_steps"] = max_steps = 3 * params["runconfig"]["max_steps"]
+            params["sparsity"]["update"]["stop"] = max_steps - 50  # updates while it is away
+            job_id = api.post("/v1/jobs", json={"name": "mlflow away", "params": params}).json()["id"]
+
+            def job() -> dict[str, Any]:
+                return api.get(f"/v1/jobs/{job_id}").json()
+
+            def step() -> int:
+                return (job().get("progress") or {}).get("step", 0)
+
+            first_checkpoint = params["runconfig"]["checkpoint_steps"]
+            wait_for(lambda: step() > first_checkpoint, 600, "training past its checkpoint")
+            before = (step(), time.monotonic())
+            time.sleep(OUTAGE_S / 2)
+            rate_before = (step() - before[0]) / (time.monotonic() - before[1])
+            mlflow_server.popen.kill()
+            mlflow_server.stop()
+            killed_at, killed = step(), time.monotonic()
+            message = wait_for(lambda: "does not answer" in str(job()["status_message"]) and
+                               job()["status_message"], 60, "the job to say MLflow is away")
+            time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - killed)))
+            away_steps = step() - killed_at
+            rate_away = away_steps / (time.monotonic() - killed)
+            mlflow_server = start_mlflow()
+            back = time.monotonic()
+            done = wait_for(lambda: (j := job())["status"] in ("SUCCEEDED", "FAILED",
+                                                               "CANCELLED") and j,
+                            900, "the job to end")
+            recover_s = time.monotonic() - back
+            restored = done["status_message"]
+        client = MlflowClient(mlflow_url)
+        run = client.get_run(done["mlflow_run_id"])
+        log_steps = params["runconfig"]["log_steps"]
+        logged = {m.step for m in client.get_metric_history(run.info.run_id, "train/loss")}
+        missing = sorted(set(range(log_steps, max_steps + 1, log_steps)) - logged)
+        update = params["sparsity"]["update"]
+        masks = {a.path for a in client.list_artifacts(run.info.run_id, "masks")}
+        wanted = {f"masks/step_{s:07d}" for s in range(0, update["stop"], update["freq"])}
+        missing_masks = sorted(wanted - masks)
+    finally:
+        server.stop()
+        mlflow_server.stop()
+    return {"fault": f"MLflow server killed mid-run for {OUTAGE_S:g} s",
+            "state": f"job RUNNING ('{message}'), {away_steps} steps while away "
+                     f"({rate_away:.1f}/s vs {rate_before:.1f}/s before), then {done['status']} "
+                     f"('{restored}'); run {run.info.status}, {len(logged)} train/loss steps, "
+                     f"{len(masks)} mask updates",
+            "recover_s": round(recover_s, 2),
+            "lost": len(missing) + len(missing_masks), "missing_steps": missing[:10],
+            "missing_masks": missing_masks[:10],
+            "stuck": int(done["status"] != "SUCCEEDED" or run.info.status != "FINISHED"
+                         or away_steps == 0),
+            "double_run": 0, "bad_5xx": 0}
+
+
 SCENARIOS = (load, database_outage, lost_execution, mlflow_away, second_server, sigterm,
-             mlflow_ui_killed)
+             mlflow_ui_killed, mlflow_killed_mid_run)
 COLUMNS = ("fault", "state", "recover_s", "lost", "stuck", "double_run", "bad_5xx")
 
 

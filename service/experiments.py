@@ -16,17 +16,13 @@ experiment by name (`<user>/<experiment>`, service/mlflow_auth.py), so a user wh
   writes (users get READ).
 
 A job needs its server to answer before it starts (its experiment, its run, its study's parent
-run): `mlflow_unreachable` asks the server in one short request, so that a job can wait for
-it (scheduler.py) rather than sit in MLflow's client retrying for minutes, deaf to a cancel.
+run): the scheduler asks it first (tracking/server.py) and waits while it does not answer.
 """
 
 from __future__ import annotations
 
 import secrets
-import ssl
 import threading
-import urllib.error
-import urllib.request
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -44,8 +40,6 @@ NAME_TRIES = 4
 # one experiment, and an MLflow server slow to answer holds up only that experiment's jobs.
 _creating: dict[tuple[int, str], threading.Lock] = {}
 _creating_guard = threading.Lock()
-# How long one probe of the tracking server waits for its answer.
-PROBE_TIMEOUT_S = 5.0
 
 
 def owned_experiment_id(sessions: sessionmaker[Session], settings: Settings, *,
@@ -116,28 +110,3 @@ def find_run(settings: Settings, experiment_id: str, tags: dict[str, str]) -> st
     runs = MlflowClient(settings.mlflow_tracking_uri).search_runs(
         [experiment_id], query, order_by=["attributes.start_time ASC"], max_results=1)
     return runs[0].info.run_id if runs else None
-
-
-def mlflow_unreachable(tracking_uri: str) -> str | None:
-    """Why the MLflow server at `tracking_uri` does not answer now (a few words for a job's
-    status message, naming no host), or None when it answers or is no server (a local store).
-    Any answer but a 5xx counts: the server's `/health` needs no account, and a refusal of
-    this request (401, a certificate MLflow's client is told to accept) is the server's own."""
-    if not tracking_uri.startswith(("http://", "https://")):
-        return None
-    timeout_s = PROBE_TIMEOUT_S
-    try:
-        with urllib.request.urlopen(tracking_uri.rstrip("/") + "/health", timeout=timeout_s):
-            return None
-    except urllib.error.HTTPError as err:
-        return None if err.code < 500 else f"it answers HTTP {err.code}"
-    except urllib.error.URLError as err:
-        if isinstance(err.reason, ssl.SSLError):
-            return None
-        if isinstance(err.reason, TimeoutError):
-            return f"no answer within {timeout_s:g} s"
-        return str(getattr(err.reason, "strerror", None) or err.reason).lower()
-    except TimeoutError:
-        return f"no answer within {timeout_s:g} s"
-    except OSError as err:
-        return str(err.strerror or err).lower()

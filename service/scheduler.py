@@ -44,7 +44,7 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from service import crud, joblogs, lease, run_tags
 from service.checkpoints import remove_unfinished_writes
-from service.experiments import find_run, mlflow_unreachable, owned_experiment_id
+from service.experiments import find_run, owned_experiment_id
 from service.jobs import memory_problems
 from service.launcher import Handle, Launcher, RayLauncher
 from service.mlflow_auth import experiment_name
@@ -52,6 +52,7 @@ from service.models import Job, Study, owner_name
 from service.settings import Settings
 from service.states import HOLDING, RESUMABLE, TERMINAL, JobStatus, move
 from service.study_reports import log_to_parent_run
+from tracking.server import MLFLOW_AWAY, MLFLOW_BACK, mlflow_unreachable
 from workers.hardware import ClusterSummary, job_footprint
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,9 @@ class Execution:
     thread: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopped: threading.Event = field(default_factory=threading.Event)  # set with stop_reason
+    # While the job's status message says why it waits for MLflow: (that message, the one it
+    # replaced, put back once the server answers).
+    mlflow_wait: tuple[str, str | None] | None = None
 
     def stop(self, reason: str) -> None:
         with self.lock:
@@ -538,32 +542,37 @@ class Scheduler:
     def _mlflow_answers(self, execution: Execution) -> bool:
         """Whether the MLflow server answers, waiting for it while it does not: False when the
         job was stopped (cancel, shutdown) meanwhile."""
-        shown: str | None = None  # the status message saying why the job waits
-        replaced: str | None = None  # the one it replaced, put back once the server answers
-
-        def show(session: Session, job: Job) -> None:
-            nonlocal replaced
-            if job.status in (S.PROVISIONING, S.RUNNING, S.RECOVERING):  # not a cancel's
-                replaced = job.status_message if replaced is None else replaced
-                job.status_message = shown
-
-        def restore(session: Session, job: Job) -> None:
-            if job.status_message == shown:
-                job.status_message = replaced
-
+        shown: str | None = None
         while (away := mlflow_unreachable(self.settings.mlflow_tracking_uri)) is not None:
             if execution.stop_reason is not None:
                 return False
             if shown != (message := f"waiting for the MLflow server: {away}"):
                 shown = message
-                self._apply(execution.job_id, show)
+                self._say_mlflow_waits(execution, message)
                 joblogs.append(execution.folder, message)
             if execution.stopped.wait(MLFLOW_POLL_S):
                 return False
         if shown is not None:
-            self._apply(execution.job_id, restore)
+            self._say_mlflow_waits(execution, None)
             joblogs.append(execution.folder, "the MLflow server answers again")
         return execution.stop_reason is None
+
+    def _say_mlflow_waits(self, execution: Execution, message: str | None,
+                          retry_s: float = DATABASE_RETRY_S) -> None:
+        """Make `message` (why the job waits for its MLflow server) the job's status message,
+        or with None put back the message the first one replaced."""
+
+        def apply(session: Session, job: Job) -> None:
+            shown, replaced = execution.mlflow_wait or (None, job.status_message)
+            if message is None:
+                if shown is not None and job.status_message == shown:
+                    job.status_message = replaced
+                execution.mlflow_wait = None
+            elif job.status in (S.PROVISIONING, S.RUNNING, S.RECOVERING):  # not a cancel's
+                job.status_message = message
+                execution.mlflow_wait = (message, replaced)
+
+        self._apply(execution.job_id, apply, retry_s=retry_s)
 
     def _mlflow_ids(self, job_id: int, owner: tuple[int, str, str], study_id: int | None,
                     run_id: str | None) -> dict[str, str | None]:
@@ -632,6 +641,16 @@ class Scheduler:
 
         if event.get("event") == "checkpoint_skipped":  # training.loop.SKIPPED_CHECKPOINT
             return  # a warning for the job's log (written above), not progress
+        if event.get("event") in (MLFLOW_AWAY, MLFLOW_BACK):  # from the run's tracker
+            message = None if event["event"] == MLFLOW_BACK else (
+                f"the MLflow server does not answer ({event.get('reason')}): the run's metrics "
+                "and masks wait in the job's folder until it does")
+            try:
+                self._say_mlflow_waits(execution, message, retry_s=0.0)
+            except Exception:  # the job's log says it (above); training goes on
+                logger.warning("could not show job %d's MLflow wait", execution.job_id,
+                               exc_info=True)
+            return
 
         def apply(session: Session, job: Job) -> None:
             if event.get("event") == "recovering":

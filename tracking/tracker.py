@@ -13,23 +13,28 @@ and its Ray workers, which may run in other directories, write to the same store
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.entities import Metric, Param, RunStatus
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
 from tracking.plots import HeatmapWriter, write_curves_png, write_density_histogram_png
+from tracking.server import MLFLOW_AWAY, MLFLOW_BACK, mlflow_unreachable
 from training.plan import JobPlan
 
 MAX_METRICS_PER_BATCH = 1000
@@ -37,6 +42,12 @@ MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_VALUE_CHARS = 6000
 # Flush buffered metrics at least this often so a live MLflow UI follows the run.
 FLUSH_INTERVAL_S = 10.0
+# While its server does not answer, a tracker asks it again this often (one short request).
+RETRY_S = 15.0
+# In a run's spool folder: the metrics kept while the server is away, and where artifact files
+# are written before they move, whole, to the artifacts waiting for upload.
+SPOOLED_METRICS = "metrics.json"
+STAGING = ".staging"
 PARENT_RUN_TAG = "mlflow.parentRunId"
 # What MLflow accepts as a param name (letters, digits, _ - . / space and colon).
 PARAM_KEY = re.compile(r"[\w\-./ :]+")
@@ -44,6 +55,7 @@ TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 # MLflow 3's experiment kind: "Machine learning", whose experiment page opens on its runs.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
+log = logging.getLogger(__name__)
 # Curves whose last value a finished run also logs once, as `final/<name>`: a metric with one
 # point is a bar per run in MLflow's chart view, where final values a few tenths apart differ
 # visibly (on a shared line chart they overlap at the end of curves spanning tens of units).
@@ -350,13 +362,28 @@ def unpack_masks(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 class Tracker:
-    """Batched MLflow logging for one run; create it on rank 0 only."""
+    """Batched MLflow logging for one run; create it on rank 0 only.
+
+    Training does not wait for a tracking server that stops answering: every write first asks
+    the server (tracking/server.py, one short request) and, while it is away, what would have
+    been sent waits in the run's spool folder (`spool_dir/<run id>`): the metrics in
+    `metrics.json` (written at each `flush`, which the loop calls before every checkpoint, so a
+    resume from that checkpoint sends them) and the artifacts as the files they upload as. The
+    server is asked again every `RETRY_S`; `finish` waits for it. `notify` hears
+    `{"event": MLFLOW_AWAY, "reason": ...}` and `{"event": MLFLOW_BACK}` as the server leaves
+    and comes back.
+    """
 
     def __init__(self, experiment: str, run_id: str | None = None,
                  tracking_uri: str | None = None, parent_run_id: str | None = None,
-                 run_name: str | None = None) -> None:
+                 run_name: str | None = None, spool_dir: str | Path | None = None,
+                 notify: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self._notify = notify
+        self._away: str | None = None  # why the server does not answer, while it does not
+        self._next_ask = 0.0  # when to ask an away server again (time.monotonic)
+        self._wait(self._answers)  # nothing to log to without the run
         attached = run_id is not None
         if run_id is None:
             run_id = create_run(experiment, tracking_uri=self.tracking_uri,
@@ -368,6 +395,9 @@ class Tracker:
             if parent_run_id is not None and run.data.tags.get(PARENT_RUN_TAG) != parent_run_id:
                 self.client.set_tag(run_id, PARENT_RUN_TAG, parent_run_id)
         self.run_id: str = run_id
+        self.spool = Path(spool_dir) / run_id if spool_dir is not None else Path(
+            tempfile.mkdtemp(prefix=f"csx-mlflow-{run_id}-"))
+        self._artifacts = self.spool / "artifacts"
         self._pending: list[Metric] = []
         self._last_flush = time.monotonic()
         self._history: dict[str, list[tuple[int, float]]] = {}
@@ -377,6 +407,8 @@ class Tracker:
         self._layer_names: dict[str, str] = {}  # full parameter name -> its charts' name
         if attached:
             self._load_logged()
+        shutil.rmtree(self.spool / STAGING, ignore_errors=True)  # a killed attempt's half-writes
+        self._load_spooled()
         self._heatmaps = HeatmapWriter()
         self._finished = False
 
@@ -386,11 +418,16 @@ class Tracker:
                 self._logged.add((key, metric.step))
                 self._history.setdefault(key, []).append((metric.step, metric.value))
 
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        """Log (nested) params now, flattened to dotted names, 100 per batch."""
-        items = [Param(k, v) for k, v in flatten_params(params).items()]
-        for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            self._log_batch(params=items[start:start + MAX_PARAMS_PER_BATCH])
+    def _load_spooled(self) -> None:
+        """The metrics an earlier attempt kept while the server was away, unless sent."""
+        spooled = self.spool / SPOOLED_METRICS
+        if not spooled.is_file():
+            return
+        for key, value, timestamp, step in json.loads(spooled.read_text()):
+            if (key, step) not in self._logged:
+                self._logged.add((key, step))
+                self._pending.append(Metric(key, value, timestamp, step))
+                self._history.setdefault(key, []).append((step, value))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Buffer metrics; they are written 1000 at a time, every 10 s, and at `finish`.
@@ -426,11 +463,10 @@ class Tracker:
                 if key in layers else key: value for key, value in metrics.items()}
 
     def flush(self) -> None:
-        """Write every buffered metric."""
-        while self._pending:
-            batch = self._pending[:MAX_METRICS_PER_BATCH]
-            self._log_batch(metrics=batch)
-            del self._pending[:len(batch)]
+        """Send every buffered metric and waiting artifact; while the server is away, write the
+        metrics to the spool instead, for this tracker's next flush or a resume's."""
+        if not (self._send_metrics() and self._send_artifacts()):
+            self._spool_metrics()
         self._last_flush = time.monotonic()
 
     def history(self, key: str) -> list[tuple[int, float]]:
@@ -441,8 +477,7 @@ class Tracker:
         """Artifacts under masks/step_<step>/: masks.npz, heatmap_<layer>.png, density_hist.png."""
         if not masks:
             raise ValueError("masks must name at least one masked parameter")
-        with tempfile.TemporaryDirectory(prefix="csx-masks-") as folder:
-            out = Path(folder)
+        with self._staged(f"masks/step_{step:07d}") as out:
             np.savez_compressed(out / "masks.npz", **pack_masks(masks))
             densities: dict[str, float] = {}
             for name, mask in masks.items():
@@ -453,33 +488,33 @@ class Tracker:
                                      name=name, step=step)
             write_density_histogram_png(densities, out / "density_hist.png",
                                         title=f"mask density, step {step}")
-            self.client.log_artifacts(self.run_id, folder, artifact_path=f"masks/step_{step:07d}")
+        self._send_artifacts()
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
-
-    def set_tags(self, tags: Mapping[str, Any]) -> None:
-        items = [RunTag(str(k), str(v)) for k, v in tags.items()]
-        for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            self.client.log_batch(self.run_id, tags=items[start:start + MAX_PARAMS_PER_BATCH])
+        """Artifact `artifact_file` (a path inside the run's artifacts) holding `text`."""
+        folder, _, name = artifact_file.rpartition("/")
+        with self._staged(folder) as out:
+            (out / name).write_text(text)
+        self._send_artifacts()
 
     def finish(self, status: str = "FINISHED") -> None:
-        """Flush, draw the loss/perplexity curves and end the run; later calls do nothing."""
+        """Flush, draw the loss/perplexity curves and end the run, waiting for the server while
+        it is away; later calls do nothing."""
         if status not in TERMINAL_STATUSES:
             raise ValueError(f"status must be one of {TERMINAL_STATUSES}, got {status!r}")
         if self._finished:
             return
         if status == "FINISHED":
             self._log_final_values()
-        self.flush()
         curves = {k: v for k, v in self._history.items()
                   if k.endswith("loss") or k.endswith("perplexity")}
         if curves:
-            with tempfile.TemporaryDirectory(prefix="csx-curves-") as folder:
-                path = Path(folder) / "curves.png"
-                write_curves_png(curves, path)
-                self.client.log_artifact(self.run_id, str(path), artifact_path="report")
-        self.client.set_terminated(self.run_id, status=status)
+            with self._staged("report") as out:
+                write_curves_png(curves, out / "curves.png")
+        self.flush()
+        self._wait(lambda: self._send_metrics() and self._send_artifacts())
+        self._wait(lambda: self._send(lambda: self.client.set_terminated(self.run_id, status)))
+        shutil.rmtree(self.spool, ignore_errors=True)
         self._finished = True
 
     def _log_final_values(self) -> None:
@@ -490,8 +525,95 @@ class Tracker:
                 step, value = max(points)
                 self.log_metrics({final_metric(key): value}, step=step)
 
-    def _log_batch(self, metrics: list[Metric] = (), params: list[Param] = ()) -> None:
-        self.client.log_batch(self.run_id, metrics=list(metrics), params=list(params))
+    # ---- sending, and keeping while the server is away -----------------------------------------
+
+    def _send_metrics(self) -> bool:
+        """Write the buffered metrics, 1000 per batch; False when the server is away."""
+        while self._pending:
+            batch = self._pending[:MAX_METRICS_PER_BATCH]
+            if not self._send(lambda: self.client.log_batch(self.run_id, metrics=batch)):
+                return False
+            del self._pending[:len(batch)]
+        (self.spool / SPOOLED_METRICS).unlink(missing_ok=True)
+        return True
+
+    def _send_artifacts(self) -> bool:
+        """Upload the spool's artifacts, one top-level entry at a time, removing each once it
+        is sent; False when the server is away."""
+        if not self._artifacts.is_dir():
+            return True
+        for entry in sorted(self._artifacts.iterdir()):
+            if entry.is_dir():
+                upload = partial(self.client.log_artifacts, self.run_id, str(entry), entry.name)
+            else:
+                upload = partial(self.client.log_artifact, self.run_id, str(entry))
+            if not self._send(upload):
+                return False
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        return True
+
+    def _spool_metrics(self) -> None:
+        rows = [[m.key, m.value, m.timestamp, m.step] for m in self._pending]
+        self.spool.mkdir(parents=True, exist_ok=True)
+        part = self.spool / f".{SPOOLED_METRICS}.part"
+        part.write_text(json.dumps(rows))
+        os.replace(part, self.spool / SPOOLED_METRICS)  # a kill leaves the old file or the new
+
+    @contextmanager
+    def _staged(self, artifact_path: str) -> Iterator[Path]:
+        """A folder to write artifact files in; once the block ends they move, each whole, to
+        `artifact_path` in the spool (a killed write leaves nothing there to upload)."""
+        staging = self.spool / STAGING
+        staging.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=staging) as folder:
+            yield Path(folder)
+            target = self._artifacts / artifact_path
+            target.mkdir(parents=True, exist_ok=True)
+            for path in Path(folder).iterdir():
+                os.replace(path, target / path.name)
+
+    def _send(self, call: Callable[[], Any]) -> bool:
+        """Make one MLflow call unless the server is away: False when it is, or when it left
+        during the call (which failed); an error of a server that answers is raised."""
+        if not self._answers():
+            return False
+        try:
+            call()
+        except Exception:
+            if (away := mlflow_unreachable(self.tracking_uri)) is None:
+                raise
+            self._left(away)
+            return False
+        return True
+
+    def _answers(self) -> bool:
+        """Whether the server answers now; while it is away it is asked every RETRY_S only."""
+        if self._away is not None and time.monotonic() < self._next_ask:
+            return False
+        if (away := mlflow_unreachable(self.tracking_uri)) is not None:
+            self._left(away)
+            return False
+        if self._away is not None:
+            self._away = None
+            log.warning("the MLflow server answers again: sending what the run kept")
+            self._tell({"event": MLFLOW_BACK})
+        return True
+
+    def _left(self, away: str) -> None:
+        if self._away is None:
+            log.warning("the MLflow server does not answer (%s): what the run logs waits for "
+                        "it (asked again every %g s)", away, RETRY_S)
+            self._tell({"event": MLFLOW_AWAY, "reason": away})
+        self._away, self._next_ask = away, time.monotonic() + RETRY_S
+
+    def _wait(self, attempt: Callable[[], bool]) -> None:
+        """Repeat `attempt` until it succeeds, each time the server is due to be asked again."""
+        while not attempt():
+            time.sleep(max(0.0, self._next_ask - time.monotonic()))
+
+    def _tell(self, event: dict[str, Any]) -> None:
+        if self._notify is not None:
+            self._notify(event)
 
 
 def final_metric(key: str) -> str:
@@ -500,10 +622,17 @@ def final_metric(key: str) -> str:
 
 
 def end_run(run_id: str, status: str, tracking_uri: str | None = None) -> None:
-    """Mark a run terminal from the driver (a failed or cancelled job) unless it already is."""
+    """Mark a run terminal from the driver (a failed or cancelled job) unless it already is,
+    or its server does not answer: a cancel does not wait minutes for MLflow's client; the run
+    stays RUNNING there, and a retry of the job re-opens it anyway."""
     if status not in TERMINAL_STATUSES:
         raise ValueError(f"status must be one of {TERMINAL_STATUSES}, got {status!r}")
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    tracking_uri = resolve_tracking_uri(tracking_uri)
+    if (away := mlflow_unreachable(tracking_uri)) is not None:
+        log.warning("MLflow run %s not marked %s: the server does not answer (%s)",
+                    run_id, status, away)
+        return
+    client = MlflowClient(tracking_uri=tracking_uri)
     if client.get_run(run_id).info.status == RunStatus.to_string(RunStatus.RUNNING):
         client.set_terminated(run_id, status=status)
 

@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -23,6 +24,9 @@ import torch.distributed as dist
 # A dead peer closes its sockets and the others fail at once; this bounds the wait when a
 # peer hangs instead.
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+# The folder of a job's model folder where rank 0's tracker keeps what its MLflow server did
+# not take while away (tracking.tracker.Tracker), for itself or a resume to send.
+MLFLOW_SPOOL = "mlflow_spool"
 
 
 def average_in_place(tensors: list[torch.Tensor], world_size: int) -> None:
@@ -98,8 +102,11 @@ class CsxWorker:
 
         if train_fn is None:
             from training.loop import train as train_fn
-        tracker = Tracker(**tracker_args) if tracker_args is not None else None
         progress = (lambda event: ray.get(relay.put.remote(event))) if relay is not None else None
+        tracker = None
+        if tracker_args is not None:
+            tracker = Tracker(**tracker_args, spool_dir=Path(model_dir) / MLFLOW_SPOOL,
+                              notify=progress)
         started = time.perf_counter()
         try:
             summary = train_fn(plan, model_dir=model_dir, mode=mode, rank=self.rank,

@@ -146,7 +146,7 @@ def test_credentials_answer_503_while_mlflow_is_away(service_settings: Settings,
 
 
 def test_the_authenticating_server_answers_the_probe_jobs_wait_on(mlflow_server: str) -> None:
-    from service.experiments import mlflow_unreachable
+    from tracking.server import mlflow_unreachable
 
     assert mlflow_unreachable(mlflow_server) is None  # /health needs no account
 

@@ -242,9 +242,9 @@ def test_a_study_is_accepted_while_mlflow_is_away(service_settings: Settings,
     MLflow away the submission hung in MLflow's client, then failed. The study's first job opens
     it as it starts, with no database transaction open meanwhile: a job beside it (in another
     experiment, which it creates as it starts) is validated and waits on MLflow too."""
-    from service import experiments
+    from tracking import server
 
-    monkeypatch.setattr(experiments, "PROBE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(server, "PROBE_TIMEOUT_S", 1.0)
     with socket.socket() as silent:  # accepts connections (the backlog), never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
@@ -304,7 +304,7 @@ def test_a_server_that_answers_anything_but_a_5xx_counts_as_there(status: int,
     it) means waiting."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from service.experiments import mlflow_unreachable
+    from tracking.server import mlflow_unreachable
 
     class Answer(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -384,6 +384,29 @@ def test_a_skipped_damaged_checkpoint_is_in_the_jobs_log(
     progress({"event": SKIPPED_CHECKPOINT, "reason": reason})
     assert reason in client.get(f"/v1/jobs/{job_id}/logs", headers=alice).text
     assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["progress"]["step"] == 3
+
+
+def test_a_running_jobs_status_says_while_its_mlflow_server_is_away(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher) -> None:
+    """The run's tracker keeps what its server misses and tells the service (tracking/server.py
+    events); the job's status message says so until the server is back, then the old one
+    returns. The job log holds both events."""
+    from tracking.server import MLFLOW_AWAY, MLFLOW_BACK
+
+    job_id = _submit(client, alice)
+    handle = launcher.handle_for(job_id)
+    wait_status(client, alice, job_id, "RUNNING")
+    before = client.get(f"/v1/jobs/{job_id}", headers=alice).json()["status_message"]
+    handle.kwargs["progress"]({"event": MLFLOW_AWAY, "reason": "connection refused"})
+    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert job["status_message"] == ("the MLflow server does not answer (connection refused): "
+                                     "the run's metrics and masks wait in the job's folder "
+                                     "until it does")
+    assert job["status"] == "RUNNING" and job["progress"] is None  # not taken for progress
+    handle.kwargs["progress"]({"event": MLFLOW_BACK})
+    assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["status_message"] == before
+    log = client.get(f"/v1/jobs/{job_id}/logs", headers=alice).text
+    assert MLFLOW_AWAY in log and MLFLOW_BACK in log
 
 
 def test_a_start_removes_what_killed_checkpoint_writes_left(

@@ -170,16 +170,14 @@ def test_attaching_to_an_existing_run_reopens_it_for_a_retry(tracking_uri):
     assert tracker.client.get_run(run_id).info.status == "FINISHED"
 
 
-def test_params_are_flattened_and_text_and_tags_logged(tracking_uri):
+def test_text_is_logged_at_its_artifact_path(tracking_uri):
     tracker = Tracker("exp", tracking_uri=tracking_uri)
-    tracker.log_params({"optimizer": {"type": "adamw", "learning_rate": 1e-3}, "seed": 1})
-    tracker.log_text("train_input:\n  batch_size: 8\n", "params.yaml")
-    tracker.set_tags({"csx.state": "RUNNING"})
-    run = tracker.client.get_run(tracker.run_id)
-    assert run.data.params == {"optimizer.type": "adamw", "optimizer.learning_rate": "0.001",
-                               "seed": "1"}
-    assert run.data.tags["csx.state"] == "RUNNING"
-    assert (artifact_dir(tracker.client, tracker.run_id) / "params.yaml").is_file()
+    tracker.log_text("train_input:\n  batch_size: 8\n", "config/params.yaml")
+    tracker.log_text("{}", "top.json")
+    artifacts = artifact_dir(tracker.client, tracker.run_id)
+    assert (artifacts / "config" / "params.yaml").read_text() == "train_input:\n  batch_size: 8\n"
+    assert (artifacts / "top.json").read_text() == "{}"
+    assert not list((tracker.spool / "artifacts").iterdir())  # sent, so not kept
 
 
 def test_run_params_names_the_design_fields():

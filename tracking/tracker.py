@@ -37,6 +37,8 @@ from tracking.plots import HeatmapWriter, write_curves_png, write_density_histog
 from tracking.server import MLFLOW_AWAY, MLFLOW_BACK, mlflow_unreachable
 from training.plan import JobPlan
 
+log = logging.getLogger(__name__)
+
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_VALUE_CHARS = 6000
@@ -55,7 +57,6 @@ TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 # MLflow 3's experiment kind: "Machine learning", whose experiment page opens on its runs.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
-log = logging.getLogger(__name__)
 # Curves whose last value a finished run also logs once, as `final/<name>`: a metric with one
 # point is a bar per run in MLflow's chart view, where final values a few tenths apart differ
 # visibly (on a shared line chart they overlap at the end of curves spanning tens of units).

@@ -29,7 +29,14 @@ import yaml
 from pydantic import ValidationError
 
 from csx_config import JobSpec, format_problems, parse_yaml
+from tracking.server import MLFLOW_AWAY, MLFLOW_BACK
 from training.plan import MODES
+
+MLFLOW_MESSAGES = {
+    MLFLOW_AWAY: "the MLflow server does not answer ({reason}): training goes on, its metrics "
+                 "and masks wait in the model_dir's mlflow_spool/ until it does",
+    MLFLOW_BACK: "the MLflow server answers again: what the run kept is sent",
+}
 
 SERVICE_COMMANDS = ("serve", "submit", "study", "token", "local-study")
 
@@ -43,6 +50,10 @@ class ProgressPrinter:
         self.tty = self.stream.isatty()
 
     def __call__(self, event: dict[str, Any]) -> None:
+        if event.get("event") in MLFLOW_MESSAGES:  # from the run's tracker (tracking/server.py)
+            line = "[csx] " + MLFLOW_MESSAGES[event["event"]].format(**event)
+            print(("\n" if self.tty else "") + line, file=self.stream, flush=True)  # off the bar
+            return
         if "step" not in event:  # runner events (e.g. "recovering") are printed as they are
             print(f"[csx] {event}", file=self.stream)
             return

@@ -117,3 +117,18 @@ def test_examples_load_configure_and_plan(example):
         return
     sparsity.configure(spec.sparsity)
     assert plan["groups"] and plan["flops_per_token"]["sparse_train"] > 0
+
+
+def test_progress_says_in_words_when_the_mlflow_server_leaves_and_comes_back():
+    import io
+
+    from tracking.server import MLFLOW_AWAY, MLFLOW_BACK
+
+    out = io.StringIO()
+    printer = cli.ProgressPrinter(out)
+    printer({"event": MLFLOW_AWAY, "reason": "connection refused"})
+    printer({"event": MLFLOW_BACK})
+    assert out.getvalue().splitlines() == [
+        "[csx] the MLflow server does not answer (connection refused): training goes on, its "
+        "metrics and masks wait in the model_dir's mlflow_spool/ until it does",
+        "[csx] the MLflow server answers again: what the run kept is sent"]

@@ -8,14 +8,22 @@ ParseException: 500s); each drawing costs about half a second of a core; and a G
 MLflow, or logged the same metric points twice. Now a report is drawn under one lock for the
 process, kept (the `MAX_KEPT` latest) until one of the study's jobs changes status, and the
 requests that ask while it is drawn wait for that one drawing.
+
+A drawing is also written to the runs folder (`study-reports/study-<id>-<state>.json`), and a
+process that has not drawn a state reads it there: the scheduler draws a finished study's
+report as it logs it, and each other API worker, and a restarted server, used to draw it again
+on its first request (under 50 clients those waited 1-2.5 s, the route's p99).
 """
 
 from __future__ import annotations
 
 import base64
 import csv
+import hashlib
 import io
+import json
 import logging
+import os
 import re
 import tempfile
 import threading
@@ -36,6 +44,8 @@ MAX_KEPT = 32
 _METRIC_UNSAFE = re.compile(r"[^\w.\- :]")
 MAX_METRIC_NAME = 200  # of MLflow's 250 characters a key may have, after `final_ppl_mean/`
 PERPLEXITY_FIGURE = "study_perplexity.png"
+DRAWINGS = "study-reports"  # in the runs folder: every process's drawings, for the others
+REPORT_FILE = "report.json"
 
 
 class RenderedReport(NamedTuple):
@@ -55,8 +65,9 @@ def _state(study: Study) -> tuple:
                            for job in study.jobs)
 
 
-def rendered_report(study: Study) -> RenderedReport:
-    """The study's report and figures, drawn if its jobs changed since the last drawing."""
+def rendered_report(study: Study, runs_dir: Path) -> RenderedReport:
+    """The study's report and figures, drawn if its jobs changed since the last drawing (in
+    this process or, written to `runs_dir`, another)."""
     key = _state(study)
     with _kept_lock:
         if (kept := _kept.get(key)) is not None:
@@ -67,13 +78,50 @@ def rendered_report(study: Study) -> RenderedReport:
         with _kept_lock:
             if (kept := _kept.get(key)) is not None:
                 return kept
-        rendered = _render(study)
+        drawn = _drawing_file(runs_dir, study.id, key)
+        rendered = _read(drawn)
+        if rendered is None:
+            rendered = _render(study)
+            _write(drawn, rendered)
         with _kept_lock:
             _kept[key] = rendered
             while len(_kept) > MAX_KEPT:
                 _kept.popitem(last=False)
             _in_progress.pop(key, None)
     return rendered
+
+
+def _drawing_file(runs_dir: Path, study_id: int, key: tuple) -> Path:
+    state = hashlib.sha256(repr(key).encode()).hexdigest()[:16]  # ids, statuses, datetimes
+    return runs_dir / DRAWINGS / f"study-{study_id}-{state}.json"
+
+
+def _read(path: Path) -> RenderedReport | None:
+    """The drawing another process wrote to `path`, or None when there is none (yet)."""
+    try:
+        drawing = json.loads(path.read_bytes())
+        return RenderedReport(StudyReport.model_validate(drawing["report"]),
+                              {name: base64.b64decode(png) for name, png in drawing["figures"].items()})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write(path: Path, rendered: RenderedReport) -> None:
+    """Write the drawing in one file, whole (renamed into place), and remove the study's older
+    ones; a failure costs other processes a drawing of their own, nothing else."""
+    drawing = {"report": rendered.report.model_dump(mode="json"),
+               "figures": {name: base64.b64encode(png).decode()
+                           for name, png in rendered.figures.items()}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f".{path.name}.{os.getpid()}.part")
+        part.write_text(json.dumps(drawing))
+        os.replace(part, path)
+        for older in path.parent.glob(path.name.rsplit("-", 1)[0] + "-*.json"):
+            if older != path:
+                older.unlink(missing_ok=True)
+    except OSError as err:
+        logger.warning("study report not written to %s: %s", path, err)
 
 
 def _render(study: Study) -> RenderedReport:
@@ -118,7 +166,7 @@ def log_to_parent_run(settings: Settings, sessions: sessionmaker[Session], study
         study = session.get(Study, study_id)
         if study is None or study.mlflow_run_id is None:
             return
-        rendered, run_id = rendered_report(study), study.mlflow_run_id
+        rendered, run_id = rendered_report(study, settings.runs_dir), study.mlflow_run_id
     _log(settings, run_id, rendered)
     with sessions() as session:
         session.execute(update(Study).where(Study.id == study_id).values(report_logged=True))

@@ -4,8 +4,11 @@ scheduler."""
 
 from __future__ import annotations
 
+import base64
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import pytest
 
 from fastapi.testclient import TestClient
 from hypothesis import given
@@ -13,6 +16,8 @@ from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 
 from service import run_tags, study_reports
+from service.schemas import StudyReport
+from service.study_reports import PERPLEXITY_FIGURE, RenderedReport
 from service_helpers import ScriptedLauncher, wait_for, wait_status
 
 PARAMS = {"train_input": {"batch_size": 8, "max_sequence_length": 16},
@@ -88,6 +93,44 @@ def test_variant_names_mlflow_refuses_as_metric_keys_still_report(
     parent = _parent_run_when_logged(client, alice, study["id"])
     assert {k for k in parent.data.metrics if k.startswith("final_ppl_mean/")} == {
         "final_ppl_mean/rigl _1", "final_ppl_mean/a_.._b", "final_ppl_mean/rigl _1_2"}
+
+
+def test_a_report_another_process_drew_is_read_not_drawn_again(
+        client: TestClient, alice: dict[str, str], launcher: ScriptedLauncher,
+        monkeypatch: Any) -> None:
+    """Each API worker and a restarted server drew a finished study's report again on its
+    first request (50 clients: those waited 1-2.5 s). A drawing is written to the runs folder
+    and read by a process that has none; a damaged one is drawn again; a new state's drawing
+    replaces the study's older one."""
+    study = _finished_study(client, alice, launcher, ["static-a", "static-b"])
+    _parent_run_when_logged(client, alice, study["id"])  # the scheduler is done with it
+    report = f"/v1/studies/{study['id']}/report"
+    first = client.get(report, headers=alice).json()
+    drawings = client.app.state.settings.runs_dir / study_reports.DRAWINGS
+    (drawn,) = drawings.glob(f"study-{study['id']}-*.json")
+
+    study_reports._kept.clear()  # what a process that has not drawn it holds
+    monkeypatch.setattr(study_reports, "_render", lambda s: pytest.fail("drawn again"))
+    assert client.get(report, headers=alice).json() == first
+    png = client.get(report + ".png", headers=alice).content
+    assert png == base64.b64decode(first["png_base64"])
+
+    study_reports._kept.clear()
+    drawn.write_text('{"report": {"variants": "torn')
+    redrawn = []
+    monkeypatch.setattr(study_reports, "_render",
+                        lambda s: redrawn.append(s.id) or RenderedReport(
+                            StudyReport.model_validate(first), {PERPLEXITY_FIGURE: png}))
+    assert client.get(report, headers=alice).json() == first and redrawn == [study["id"]]
+
+    older = drawings / f"study-{study['id']}-0123456789abcdef.json"
+    older.write_text("{}")
+    other_study = drawings / f"study-{study['id']}0-0123456789abcdef.json"
+    other_study.write_text("{}")
+    study_reports._kept.clear()
+    drawn.unlink()
+    client.get(report, headers=alice)
+    assert sorted(drawings.glob("*.json")) == sorted([drawn, other_study])
 
 
 @given(st.lists(st.text(min_size=1, max_size=30), min_size=1, max_size=8, unique=True))

@@ -78,26 +78,26 @@ def get_study(study: OwnedStudy, session: SessionDep, settings: SettingsDep) -> 
 
 
 @router.get("/{study_id:id}/report", response_model=StudyReport)
-def get_study_report(study: OwnedStudy, session: SessionDep) -> StudyReport:
+def get_study_report(study: OwnedStudy, session: SessionDep, settings: SettingsDep) -> StudyReport:
     """Final/best eval perplexity, projected CS-2 speed-up, wall time and status per variant,
     plus perplexity curves as a base64 PNG; logged to the parent run once all jobs end."""
-    return _rendered(study, session).report
+    return _rendered(study, session, settings).report
 
 
 @router.get("/{study_id:id}/report.png", response_class=Response,
             responses={200: {"content": {"image/png": {}}}, 404: {"description": "no curves yet"}})
-def get_study_report_png(study: OwnedStudy, session: SessionDep) -> Response:
-    png = _rendered(study, session).figures.get(PERPLEXITY_FIGURE)
+def get_study_report_png(study: OwnedStudy, session: SessionDep, settings: SettingsDep) -> Response:
+    png = _rendered(study, session, settings).figures.get(PERPLEXITY_FIGURE)
     if png is None:
         return Response(b'{"detail":"no evaluation has finished yet"}', status.HTTP_404_NOT_FOUND,
                         media_type="application/json")
     return Response(png, media_type="image/png")
 
 
-def _rendered(study: OwnedStudy, session: SessionDep) -> RenderedReport:
+def _rendered(study: OwnedStudy, session: SessionDep, settings: SettingsDep) -> RenderedReport:
     study.jobs  # noqa: B018 -- loaded now, kept by the closed session: the connection
     session.close()  # goes back to the pool before the drawing
-    return rendered_report(study)
+    return rendered_report(study, settings.runs_dir)
 
 
 def _public(session: SessionDep, study: OwnedStudy, settings: SettingsDep) -> StudyPublic:

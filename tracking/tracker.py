@@ -48,7 +48,7 @@ FLUSH_INTERVAL_S = 10.0
 RETRY_S = 15.0
 # In a run's spool folder: the metrics kept while the server is away, and where artifact files
 # are written before they move, whole, to the artifacts waiting for upload.
-SPOOLED_METRICS = "metrics.json"
+SPOOLED_METRICS = "metrics.jsonl"
 STAGING = ".staging"
 PARENT_RUN_TAG = "mlflow.parentRunId"
 # What MLflow accepts as a param name (letters, digits, _ - . / space and colon).
@@ -368,7 +368,7 @@ class Tracker:
     Training does not wait for a tracking server that stops answering: every write first asks
     the server (tracking/server.py, one short request) and, while it is away, what would have
     been sent waits in the run's spool folder (`spool_dir/<run id>`): the metrics in
-    `metrics.json` (written at each `flush`, which the loop calls before every checkpoint, so a
+    `metrics.jsonl` (appended to at each `flush`, which the loop calls before every checkpoint, so a
     resume from that checkpoint sends them) and the artifacts as the files they upload as. The
     server is asked again every `RETRY_S`; `finish` waits for it. `notify` hears
     `{"event": MLFLOW_AWAY, "reason": ...}` and `{"event": MLFLOW_BACK}` as the server leaves
@@ -400,6 +400,7 @@ class Tracker:
             tempfile.mkdtemp(prefix=f"csx-mlflow-{run_id}-"))
         self._artifacts = self.spool / "artifacts"
         self._pending: list[Metric] = []
+        self._spooled = 0  # how many of `_pending` (the first ones) the spool file holds
         self._last_flush = time.monotonic()
         self._history: dict[str, list[tuple[int, float]]] = {}
         # (key, step) already written to the run, by this tracker or an earlier attempt: a
@@ -420,15 +421,24 @@ class Tracker:
                 self._history.setdefault(key, []).append((metric.step, metric.value))
 
     def _load_spooled(self) -> None:
-        """The metrics an earlier attempt kept while the server was away, unless sent."""
+        """The metrics an earlier attempt kept while the server was away, unless sent; the
+        line a kill cut short is dropped, and the file rewritten whole for appending to."""
         spooled = self.spool / SPOOLED_METRICS
         if not spooled.is_file():
             return
-        for key, value, timestamp, step in json.loads(spooled.read_text()):
+        for line in spooled.read_text().splitlines():
+            try:
+                key, value, timestamp, step = json.loads(line)
+            except ValueError:
+                continue
             if (key, step) not in self._logged:
                 self._logged.add((key, step))
                 self._pending.append(Metric(key, value, timestamp, step))
                 self._history.setdefault(key, []).append((step, value))
+        part = spooled.with_name(f".{SPOOLED_METRICS}.part")
+        part.write_text("".join(_spool_line(metric) for metric in self._pending))
+        os.replace(part, spooled)
+        self._spooled = len(self._pending)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Buffer metrics; they are written 1000 at a time, every 10 s, and at `finish`.
@@ -535,6 +545,7 @@ class Tracker:
             if not self._send(lambda: self.client.log_batch(self.run_id, metrics=batch)):
                 return False
             del self._pending[:len(batch)]
+            self._spooled = max(0, self._spooled - len(batch))  # sent from the spool's head
         (self.spool / SPOOLED_METRICS).unlink(missing_ok=True)
         return True
 
@@ -554,11 +565,14 @@ class Tracker:
         return True
 
     def _spool_metrics(self) -> None:
-        rows = [[m.key, m.value, m.timestamp, m.step] for m in self._pending]
+        """Append the buffered metrics the spool does not hold yet (the first `_spooled` of
+        them it does): each flush while the server is away writes only what is new."""
+        if self._spooled == len(self._pending):
+            return
         self.spool.mkdir(parents=True, exist_ok=True)
-        part = self.spool / f".{SPOOLED_METRICS}.part"
-        part.write_text(json.dumps(rows))
-        os.replace(part, self.spool / SPOOLED_METRICS)  # a kill leaves the old file or the new
+        with open(self.spool / SPOOLED_METRICS, "a") as out:
+            out.writelines(_spool_line(metric) for metric in self._pending[self._spooled:])
+        self._spooled = len(self._pending)
 
     @contextmanager
     def _staged(self, artifact_path: str) -> Iterator[Path]:
@@ -615,6 +629,10 @@ class Tracker:
     def _tell(self, event: dict[str, Any]) -> None:
         if self._notify is not None:
             self._notify(event)
+
+
+def _spool_line(metric: Metric) -> str:
+    return json.dumps([metric.key, metric.value, metric.timestamp, metric.step]) + "\n"
 
 
 def final_metric(key: str) -> str:

@@ -83,8 +83,10 @@ def test_training_goes_on_while_the_server_is_away_and_what_it_missed_arrives_la
     assert probe.asked == asked  # not asked again before RETRY_S: no request per flush
     assert events == [{"event": MLFLOW_AWAY, "reason": AWAY}]
     assert steps_of(client, tracker.run_id, "train/loss") == [1]
-    spooled = json.loads((tracker.spool / SPOOLED_METRICS).read_text())
+    spooled = [json.loads(line) for line in (tracker.spool / SPOOLED_METRICS).read_text().splitlines()]
     assert [(key, step) for key, _, _, step in spooled] == [("train/loss", 2), ("train/loss", 3)]
+    tracker.flush()  # nothing new: nothing appended (each flush writes only what is new)
+    assert len((tracker.spool / SPOOLED_METRICS).read_text().splitlines()) == 2
     assert (tracker.spool / "artifacts" / "masks" / "step_0000002" / "masks.npz").is_file()
 
     probe.away = None
@@ -103,8 +105,8 @@ def test_training_goes_on_while_the_server_is_away_and_what_it_missed_arrives_la
 def test_a_resume_sends_what_the_attempt_before_it_kept(tracking_uri: str, tmp_path: Path,
                                                         probe: Probe) -> None:
     """The attempt is killed after the flush before its checkpoint, the server still away;
-    the resume from that checkpoint sends the kept metrics and masks, and drops the half of an
-    artifact the kill interrupted."""
+    the resume from that checkpoint sends the kept metrics and masks once the server is back,
+    and drops the half of an artifact and the line of the spool the kill interrupted."""
     first = Tracker("resume", tracking_uri=tracking_uri, spool_dir=tmp_path)
     probe.away = AWAY
     first.log_metrics({"train/loss": 2.0}, step=1)
@@ -113,14 +115,23 @@ def test_a_resume_sends_what_the_attempt_before_it_kept(tracking_uri: str, tmp_p
     half_written = first.spool / STAGING / "tmpkilled" / "masks.npz"
     half_written.parent.mkdir(parents=True)
     half_written.write_bytes(b"PK\x03")
+    with open(first.spool / SPOOLED_METRICS, "a") as spooled:
+        spooled.write('["train/loss", 1.')  # a line the kill cut short
     run_id = first.run_id
     del first  # killed
 
-    probe.away = None
+    probe.away = None  # the resume waits for the server to open the run
     resume = Tracker("resume", run_id=run_id, tracking_uri=tracking_uri, spool_dir=tmp_path)
     assert not half_written.exists()
+    probe.away = AWAY  # and it leaves again
     resume.log_metrics({"train/loss": 9.0}, step=1)  # the re-run step: the first value stands
     resume.log_metrics({"train/loss": 1.0}, step=2)
+    resume.flush()  # appended after the kept line, not onto the cut one
+    lines = (resume.spool / SPOOLED_METRICS).read_text().splitlines()
+    assert [(json.loads(line)[0], json.loads(line)[3]) for line in lines] == [
+        ("train/loss", 1), ("train/loss", 2)]
+    probe.away = None
+    past_retry()
     resume.finish()
     client = resume.client
     history = {m.step: m.value for m in client.get_metric_history(resume.run_id, "train/loss")}

@@ -12,13 +12,17 @@ sent can be read back.
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 from pathlib import Path
+from unittest.mock import patch
 from urllib.parse import urlparse
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
@@ -196,3 +200,41 @@ def test_a_driver_ending_a_run_does_not_wait_for_an_away_server(tracking_uri: st
     probe.away = None
     end_run(run_id, "KILLED", tracking_uri=tracking_uri)
     assert client.get_run(run_id).info.status == "KILLED"
+
+
+@settings(max_examples=40)
+@given(st.lists(st.sampled_from(["log", "flush", "away", "back", "kill"]), max_size=24))
+@example(["log", "away", "flush", "kill"])  # what only the spool holds
+@example(["away", "log", "flush", "back", "log", "flush", "away", "log", "flush", "kill"])
+def test_what_a_flush_kept_reaches_the_run_once_whatever_the_outages_and_kills(
+        tracking_uri: str, ops: list[str]) -> None:
+    """Any order of logged steps, flushes (the loop's, before each checkpoint), the server
+    leaving and coming back, and kills resumed from the last flush: at the end every step a
+    flush kept, and every step logged since, is in the run, each once."""
+    probe = Probe()
+    with patch.object(tracker_module, "mlflow_unreachable", probe), \
+            patch.object(tracker_module, "RETRY_S", 0.0), \
+            tempfile.TemporaryDirectory() as spool:
+        run_id = create_run("any-order", tracking_uri=tracking_uri)
+        tracker = Tracker("any-order", run_id=run_id, tracking_uri=tracking_uri, spool_dir=spool)
+        step, kept, unflushed = 0, set(), set()
+        for op in ops:
+            if op == "log":
+                step += 1
+                tracker.log_metrics({"train/loss": float(step)}, step=step)
+                unflushed.add(step)
+            elif op == "flush":
+                tracker.flush()
+                kept |= unflushed
+                unflushed = set()
+            elif op in ("away", "back"):
+                probe.away = AWAY if op == "away" else None
+            else:  # killed; the resume waits for the server, then re-runs from the last flush
+                probe.away, unflushed = None, set()
+                tracker = Tracker("any-order", run_id=run_id, tracking_uri=tracking_uri,
+                                  spool_dir=spool)
+                step = max(kept, default=0)
+        probe.away = None
+        tracker.finish()
+        history = tracker.client.get_metric_history(run_id, "train/loss")
+        assert sorted(m.step for m in history) == sorted(kept | unflushed)
